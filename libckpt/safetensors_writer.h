@@ -1,0 +1,78 @@
+// Streaming, atomic safetensors writer. The full tensor list is declared up front (the header holds
+// every offset), then tensor data arrives one tensor at a time, in any order, so a caller never holds
+// more than the tensor it is writing. The file appears under its final name only after Finish().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "libckpt/dtype.h"
+
+namespace leantron::ckpt {
+
+struct TensorSpec {
+  std::string name;
+  DType dtype;
+  std::vector<uint64_t> shape;
+
+  uint64_t num_bytes() const;  // Whole-byte dtypes.
+};
+
+using SafetensorsMetadata = std::vector<std::pair<std::string, std::string>>;
+
+// The header the reference writer produces for these tensors: entries ordered by dtype (widest
+// first) then name, "__metadata__" first, padded with spaces to a multiple of 8 bytes. Sets each
+// tensor's data offset in `offsets` (same order as `tensors`).
+std::string BuildSafetensorsHeader(const std::vector<TensorSpec>& tensors,
+                                   const SafetensorsMetadata& metadata,
+                                   std::vector<uint64_t>* offsets);
+
+class SafetensorsWriter {
+ public:
+  // Creates `path`.tmp and writes the header. Names must be unique.
+  static absl::StatusOr<std::unique_ptr<SafetensorsWriter>> Create(
+      std::string path, std::vector<TensorSpec> tensors,
+      SafetensorsMetadata metadata = {{"format", "pt"}});
+  ~SafetensorsWriter();  // Removes the temporary file unless Finish() succeeded.
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
+  // Writes one tensor's bytes; the size must match its spec. Each tensor exactly once.
+  absl::Status Write(std::string_view name, std::span<const std::byte> data);
+  // Checks every tensor was written, fsyncs and renames the file into place.
+  absl::Status Finish();
+
+  const std::string& path() const { return path_; }
+  uint64_t data_size() const { return data_size_; }
+
+ private:
+  SafetensorsWriter() = default;
+  std::string path_;
+  std::string temp_path_;
+  int fd_ = -1;
+  uint64_t data_start_ = 0;
+  uint64_t data_size_ = 0;
+  std::vector<TensorSpec> tensors_;
+  std::vector<uint64_t> offsets_;
+  std::vector<bool> written_;
+  absl::flat_hash_map<std::string, size_t> index_;
+  bool finished_ = false;
+};
+
+// Convenience for small files: writes all tensors at once.
+struct NamedTensorData {
+  TensorSpec spec;
+  std::span<const std::byte> data;
+};
+absl::Status WriteSafetensors(const std::string& path, const std::vector<NamedTensorData>& tensors,
+                              SafetensorsMetadata metadata = {{"format", "pt"}});
+
+}  // namespace leantron::ckpt
