@@ -39,8 +39,8 @@ inline int DecodeUtf8(const uint8_t* p, const uint8_t* end, uint32_t* cp) {
   if (b0 >= 0xF0 && b0 <= 0xF4) {
     if (avail < 4 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80 || (p[3] & 0xC0) != 0x80)
       return 0;
-    const uint32_t c = ((b0 & 0x07u) << 18) | ((p[1] & 0x3Fu) << 12) | ((p[2] & 0x3Fu) << 6) |
-                       (p[3] & 0x3Fu);
+    const uint32_t c =
+        ((b0 & 0x07u) << 18) | ((p[1] & 0x3Fu) << 12) | ((p[2] & 0x3Fu) << 6) | (p[3] & 0x3Fu);
     if (c < 0x10000 || c > 0x10FFFF) return 0;
     *cp = c;
     return 4;
