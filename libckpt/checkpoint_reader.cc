@@ -1,0 +1,139 @@
+#include "libckpt/checkpoint_reader.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_join.h"
+#include "libckpt/file_util.h"
+#include "libckpt/strings.h"
+
+namespace leantron::ckpt {
+
+absl::Status VerifyShardFile(const ModelLayout& layout, int tp_rank, int pp_rank, bool optimizer,
+                             const SafetensorsFile& file) {
+  const DType dtype = optimizer ? DType::kF32 : layout.config().params_dtype;
+  absl::flat_hash_set<std::string> expected;
+  for (const ParamSpec* spec : layout.StageParams(pp_rank)) {
+    std::vector<TensorKind> kinds = {TensorKind::kParam};
+    if (optimizer) kinds.assign(std::begin(kOptimizerKinds), std::end(kOptimizerKinds));
+    const std::vector<int64_t> shape = layout.ShardShape(*spec);
+    for (TensorKind kind : kinds) {
+      const std::string name = StoredTensorName(spec->name, kind);
+      expected.insert(name);
+      const TensorInfo* info = file.Find(name);
+      if (info == nullptr) {
+        return absl::DataLossError(Cat(file.path(), ": tensor '", name, "' is missing"));
+      }
+      std::vector<int64_t> got(info->shape.begin(), info->shape.end());
+      if (got != shape) {
+        return absl::DataLossError(Cat(file.path(), ": tensor '", name, "' has shape [",
+                                       absl::StrJoin(got, ","), "], the layout expects [",
+                                       absl::StrJoin(shape, ","), "]"));
+      }
+      if (info->dtype != dtype) {
+        return absl::DataLossError(Cat(file.path(), ": tensor '", name, "' is ",
+                                       DTypeName(info->dtype), ", expected ", DTypeName(dtype)));
+      }
+    }
+  }
+  for (const TensorInfo& info : file.tensors()) {
+    if (!expected.contains(info.name)) {
+      return absl::DataLossError(
+          Cat(file.path(), ": unexpected tensor '", info.name, "' for this rank of the layout"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
+    const std::string& checkpoint_dir, std::optional<int64_t> iteration) {
+  auto dir = ResolveIterationDir(checkpoint_dir, iteration);
+  if (!dir.ok()) return dir.status();
+  const std::string metadata_path = (std::filesystem::path(*dir) / kMetadataFileName).string();
+  auto text = ReadFileToString(metadata_path);
+  if (!text.ok()) return text.status();
+  auto metadata = ParseCheckpointMetadata(*text, metadata_path);
+  if (!metadata.ok()) return metadata.status();
+  auto layout = ModelLayout::Create(metadata->config, metadata->parallel);
+  if (!layout.ok()) return absl::DataLossError(Cat(metadata_path, ": ", layout.status().message()));
+  std::unique_ptr<CheckpointReader> reader(
+      new CheckpointReader(*std::move(metadata), *std::move(layout)));
+  reader->iteration_dir_ = *dir;
+  const ParallelConfig& p = reader->metadata_.parallel;
+  reader->model_files_.resize(p.pp);
+  reader->optimizer_files_.resize(p.pp);
+  for (int pp = 0; pp < p.pp; ++pp) {
+    for (int tp = 0; tp < p.tp; ++tp) {
+      const std::filesystem::path shard_dir =
+          std::filesystem::path(*dir) / reader->layout_.ShardDirName(tp, pp);
+      for (bool optimizer : {false, true}) {
+        if (optimizer && !reader->metadata_.has_optimizer) continue;
+        const std::string path = (shard_dir / (optimizer ? kOptimizerFileName : kModelFileName));
+        if (!std::filesystem::exists(path)) {
+          return absl::DataLossError(Cat(path, ": shard file missing (checkpoint is incomplete)"));
+        }
+        auto file = SafetensorsFile::Open(path);
+        if (!file.ok()) return file.status();
+        if (auto s = VerifyShardFile(reader->layout_, tp, pp, optimizer, **file); !s.ok()) return s;
+        (optimizer ? reader->optimizer_files_ : reader->model_files_)[pp].push_back(*std::move(file));
+      }
+    }
+  }
+  return reader;
+}
+
+const SafetensorsFile& CheckpointReader::shard_file(int tp_rank, int pp_rank,
+                                                    bool optimizer) const {
+  return *(optimizer ? optimizer_files_ : model_files_)[pp_rank][tp_rank];
+}
+
+void CopyRowsResized(const Tensor& from, Tensor* to) {
+  const size_t row_bytes =
+      from.shape.empty() || from.shape[0] == 0 ? 0 : from.data.size() / from.shape[0];
+  const size_t bytes = std::min(from.data.size(), to->data.size());
+  std::memcpy(to->data.data(), from.data.data(), bytes - (row_bytes ? bytes % row_bytes : 0));
+}
+
+absl::Status CheckpointReader::ReadFull(const ParamSpec& target, TensorKind kind, Tensor* out) {
+  const bool optimizer = kind != TensorKind::kParam;
+  if (optimizer && !metadata_.has_optimizer) {
+    return absl::FailedPreconditionError(Cat(iteration_dir_, ": checkpoint has no optimizer state"));
+  }
+  const std::string& canonical = target.tied_to.empty() ? target.name : target.tied_to;
+  const ParamSpec* source = layout_.Find(canonical);
+  if (source == nullptr || !source->tied_to.empty()) {
+    return absl::NotFoundError(Cat(iteration_dir_, ": checkpoint has no parameter '", canonical, "'"));
+  }
+  const DType dtype = optimizer ? DType::kF32 : metadata_.config.params_dtype;
+  const size_t element_size = DTypeSize(dtype);
+  const std::string stored = StoredTensorName(source->name, kind);
+  const bool same_shape = source->shape == target.shape;
+  if (!same_shape && (source->split != TpSplit::kVocabRows || target.shape.size() != 2 ||
+                      source->shape[1] != target.shape[1])) {
+    return absl::InvalidArgumentError(
+        Cat(iteration_dir_, ": parameter '", canonical, "' has shape [",
+            absl::StrJoin(source->shape, ","), "], requested [", absl::StrJoin(target.shape, ","),
+            "]: the checkpoint's model config differs"));
+  }
+  Tensor merged;
+  Tensor* full = same_shape ? out : &merged;
+  full->Reset(dtype, source->shape);
+  for (int tp = 0; tp < metadata_.parallel.tp; ++tp) {
+    const SafetensorsFile& file = shard_file(tp, source->stage, optimizer);
+    auto view = file.Get(stored);
+    if (!view.ok()) return view.status();
+    layout_.InsertShard(*source, tp, element_size, view->data, full->mutable_bytes());
+    file.Release(*view);
+    // Replicated tensors are equal on every TP rank; rank 0's copy is the one kept.
+    if (source->split == TpSplit::kReplicated) break;
+  }
+  if (!same_shape) {
+    out->Reset(dtype, target.shape);
+    CopyRowsResized(merged, out);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace leantron::ckpt

@@ -1,0 +1,257 @@
+#include "libckpt/checkpoint_writer.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/container/flat_hash_map.h"
+#include "libckpt/file_util.h"
+#include "libckpt/strings.h"
+
+namespace leantron::ckpt {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<TensorSpec> ShardSpecs(const ModelLayout& layout, int pp_rank, TensorKind kind) {
+  const DType dtype = kind == TensorKind::kParam ? layout.config().params_dtype : DType::kF32;
+  std::vector<TensorSpec> specs;
+  for (const ParamSpec* spec : layout.StageParams(pp_rank)) {
+    std::vector<int64_t> shape = layout.ShardShape(*spec);
+    specs.push_back({StoredTensorName(spec->name, kind), dtype, {shape.begin(), shape.end()}});
+  }
+  return specs;
+}
+
+std::vector<TensorSpec> OptimizerSpecs(const ModelLayout& layout, int pp_rank) {
+  std::vector<TensorSpec> specs;
+  for (TensorKind kind : kOptimizerKinds) {
+    for (TensorSpec& spec : ShardSpecs(layout, pp_rank, kind)) specs.push_back(std::move(spec));
+  }
+  return specs;
+}
+
+absl::Status MakeDirs(const fs::path& dir) {
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error) return absl::InternalError(Cat(dir.string(), ": cannot create: ", error.message()));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> PrepareCheckpointSave(const std::string& checkpoint_dir,
+                                                  int64_t iteration) {
+  const fs::path temp = fs::path(checkpoint_dir) / (IterationDirName(iteration) + ".tmp");
+  std::error_code error;
+  fs::remove_all(temp, error);
+  if (error) return absl::InternalError(Cat(temp.string(), ": cannot remove: ", error.message()));
+  if (auto s = MakeDirs(temp); !s.ok()) return s;
+  return temp.string();
+}
+
+absl::Status WriteRankShard(const std::string& temp_dir, const ModelLayout& layout, int tp_rank,
+                            int pp_rank, const std::vector<RankTensor>& params,
+                            const std::vector<RankTensor>* main_params,
+                            const std::vector<RankTensor>* exp_avg,
+                            const std::vector<RankTensor>* exp_avg_sq) {
+  const fs::path shard_dir = fs::path(temp_dir) / layout.ShardDirName(tp_rank, pp_rank);
+  if (auto s = MakeDirs(shard_dir); !s.ok()) return s;
+  auto write = [&](const char* file_name, std::vector<TensorSpec> specs,
+                   std::vector<std::pair<TensorKind, const std::vector<RankTensor>*>> groups) {
+    auto writer = SafetensorsWriter::Create((shard_dir / file_name).string(), std::move(specs));
+    if (!writer.ok()) return writer.status();
+    for (auto [kind, tensors] : groups) {
+      for (const RankTensor& tensor : *tensors) {
+        if (auto s = (*writer)->Write(StoredTensorName(tensor.name, kind), tensor.data); !s.ok()) {
+          return s;
+        }
+      }
+    }
+    return (*writer)->Finish();  // Names a tensor the rank failed to provide.
+  };
+  if (auto s = write(kModelFileName, ShardSpecs(layout, pp_rank, TensorKind::kParam),
+                     {{TensorKind::kParam, &params}});
+      !s.ok()) {
+    return s;
+  }
+  if (main_params == nullptr) return absl::OkStatus();
+  if (exp_avg == nullptr || exp_avg_sq == nullptr) {
+    return absl::InvalidArgumentError("optimizer state needs main params, exp_avg and exp_avg_sq");
+  }
+  return write(kOptimizerFileName, OptimizerSpecs(layout, pp_rank),
+               {{TensorKind::kMainParam, main_params},
+                {TensorKind::kExpAvg, exp_avg},
+                {TensorKind::kExpAvgSq, exp_avg_sq}});
+}
+
+absl::Status CommitCheckpointSave(const std::string& checkpoint_dir, const std::string& temp_dir,
+                                  const CheckpointMetadata& metadata,
+                                  const SaveProgress& progress) {
+  auto step = [&](std::string_view name) {
+    if (progress) progress(name);
+  };
+  auto layout = ModelLayout::Create(metadata.config, metadata.parallel);
+  if (!layout.ok()) return layout.status();
+  if (auto s = WriteFileAtomically((fs::path(temp_dir) / kMetadataFileName).string(),
+                                   CheckpointMetadataToJson(metadata, *layout));
+      !s.ok()) {
+    return s;
+  }
+  step("metadata");
+  for (int pp = 0; pp < metadata.parallel.pp; ++pp) {
+    for (int tp = 0; tp < metadata.parallel.tp; ++tp) {
+      const fs::path shard_dir = fs::path(temp_dir) / layout->ShardDirName(tp, pp);
+      for (bool optimizer : {false, true}) {
+        if (optimizer && !metadata.has_optimizer) continue;
+        const std::string path = (shard_dir / (optimizer ? kOptimizerFileName : kModelFileName));
+        auto file = SafetensorsFile::Open(path);
+        if (!file.ok()) return file.status();
+        if (auto s = VerifyShardFile(*layout, tp, pp, optimizer, **file); !s.ok()) return s;
+      }
+      if (auto s = FsyncPath(shard_dir.string()); !s.ok()) return s;
+    }
+  }
+  if (auto s = FsyncPath(temp_dir); !s.ok()) return s;
+  step("verified");
+  const fs::path final_dir = fs::path(checkpoint_dir) / IterationDirName(metadata.iteration);
+  if (fs::exists(final_dir)) {
+    // Re-saving an iteration: swap atomically so a complete copy exists at every instant.
+    if (::renameat2(AT_FDCWD, temp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0) {
+      return absl::InternalError(Cat(final_dir.string(), ": exchange failed: ", std::strerror(errno)));
+    }
+    std::error_code error;
+    fs::remove_all(temp_dir, error);  // Now holds the replaced copy.
+  } else if (::rename(temp_dir.c_str(), final_dir.c_str()) != 0) {
+    return absl::InternalError(Cat(final_dir.string(), ": rename failed: ", std::strerror(errno)));
+  }
+  if (auto s = FsyncPath(checkpoint_dir); !s.ok()) return s;
+  step("renamed");
+  if (auto s = WriteFileAtomically((fs::path(checkpoint_dir) / kTrackerFileName).string(),
+                                   metadata.iteration < 0 ? std::string("release")
+                                                          : std::to_string(metadata.iteration));
+      !s.ok()) {
+    return s;
+  }
+  step("tracker");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Create(
+    const std::string& checkpoint_dir, const CheckpointMetadata& metadata) {
+  auto layout = ModelLayout::Create(metadata.config, metadata.parallel);
+  if (!layout.ok()) return layout.status();
+  if (auto s = MakeDirs(checkpoint_dir); !s.ok()) return s;
+  auto temp = PrepareCheckpointSave(checkpoint_dir, metadata.iteration);
+  if (!temp.ok()) return temp.status();
+  std::unique_ptr<CheckpointWriter> writer(new CheckpointWriter(metadata, *std::move(layout)));
+  writer->checkpoint_dir_ = checkpoint_dir;
+  writer->temp_dir_ = *temp;
+  const ParallelConfig& p = metadata.parallel;
+  writer->model_writers_.resize(p.pp);
+  writer->optimizer_writers_.resize(p.pp);
+  for (int pp = 0; pp < p.pp; ++pp) {
+    for (int tp = 0; tp < p.tp; ++tp) {
+      const fs::path shard_dir = fs::path(*temp) / writer->layout_.ShardDirName(tp, pp);
+      if (auto s = MakeDirs(shard_dir); !s.ok()) return s;
+      auto model = SafetensorsWriter::Create((shard_dir / kModelFileName).string(),
+                                             ShardSpecs(writer->layout_, pp, TensorKind::kParam));
+      if (!model.ok()) return model.status();
+      writer->model_writers_[pp].push_back(*std::move(model));
+      if (metadata.has_optimizer) {
+        auto optimizer = SafetensorsWriter::Create((shard_dir / kOptimizerFileName).string(),
+                                                   OptimizerSpecs(writer->layout_, pp));
+        if (!optimizer.ok()) return optimizer.status();
+        writer->optimizer_writers_[pp].push_back(*std::move(optimizer));
+      }
+    }
+  }
+  return writer;
+}
+
+absl::Status CheckpointWriter::WriteFull(const ParamSpec& spec, TensorKind kind,
+                                         std::span<const std::byte> full) {
+  const ParamSpec* own = layout_.Find(spec.name);
+  if (own == nullptr || own->shape != spec.shape) {
+    return absl::InvalidArgumentError(
+        Cat("checkpoint writer: '", spec.name, "' is not a parameter of this layout with that shape"));
+  }
+  const DType dtype = kind == TensorKind::kParam ? metadata_.config.params_dtype : DType::kF32;
+  if (full.size() != static_cast<size_t>(NumElements(own->shape)) * DTypeSize(dtype)) {
+    return absl::InvalidArgumentError(Cat("checkpoint writer: '", spec.name, "' has ", full.size(),
+                                          " bytes, expected ", DTypeName(dtype), " of its shape"));
+  }
+  if (kind != TensorKind::kParam && !metadata_.has_optimizer) {
+    return absl::FailedPreconditionError("checkpoint writer: saving without optimizer state");
+  }
+  if (auto s = WriteShards(*own, kind, full); !s.ok()) return s;
+  for (const ParamSpec& copy : layout_.params()) {
+    if (copy.tied_to == own->name) {
+      if (auto s = WriteShards(copy, kind, full); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointWriter::WriteShards(const ParamSpec& target, TensorKind kind,
+                                           std::span<const std::byte> full) {
+  const bool optimizer = kind != TensorKind::kParam;
+  const size_t element_size =
+      DTypeSize(optimizer ? DType::kF32 : metadata_.config.params_dtype);
+  const std::string name = StoredTensorName(target.name, kind);
+  auto& writers = (optimizer ? optimizer_writers_ : model_writers_)[target.stage];
+  for (int tp = 0; tp < metadata_.parallel.tp; ++tp) {
+    absl::Status status;
+    if (target.split == TpSplit::kReplicated) {
+      status = writers[tp]->Write(name, full);
+    } else {
+      shard_buffer_.resize(full.size() / metadata_.parallel.tp);
+      layout_.ExtractShard(target, tp, element_size, full, shard_buffer_);
+      status = writers[tp]->Write(name, shard_buffer_);
+    }
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointWriter::Commit(const SaveProgress& progress) {
+  for (auto* group : {&model_writers_, &optimizer_writers_}) {
+    for (auto& stage : *group) {
+      for (auto& writer : stage) {
+        if (auto s = writer->Finish(); !s.ok()) return s;
+        if (progress) progress("shard");
+      }
+    }
+  }
+  return CommitCheckpointSave(checkpoint_dir_, temp_dir_, metadata_, progress);
+}
+
+absl::Status SaveCheckpointFrom(FullTensorSource& source, const CheckpointMetadata& metadata,
+                                const std::string& checkpoint_dir, const SaveProgress& progress) {
+  if (metadata.has_optimizer && !source.has_optimizer()) {
+    return absl::FailedPreconditionError("cannot save optimizer state: the source has none");
+  }
+  auto writer = CheckpointWriter::Create(checkpoint_dir, metadata);
+  if (!writer.ok()) return writer.status();
+  std::vector<TensorKind> kinds = {TensorKind::kParam};
+  if (metadata.has_optimizer) kinds.insert(kinds.end(), std::begin(kOptimizerKinds), std::end(kOptimizerKinds));
+  Tensor full;
+  for (const ParamSpec& spec : (*writer)->layout().params()) {
+    if (!spec.tied_to.empty()) continue;  // Written together with the parameter it copies.
+    for (TensorKind kind : kinds) {
+      if (auto s = source.ReadFull(spec, kind, &full); !s.ok()) return s;
+      const DType expected = kind == TensorKind::kParam ? metadata.config.params_dtype : DType::kF32;
+      if (full.dtype != expected) {
+        return absl::InvalidArgumentError(Cat("'", spec.name, "' is ", DTypeName(full.dtype),
+                                              " but the checkpoint stores ", DTypeName(expected)));
+      }
+      if (auto s = (*writer)->WriteFull(spec, kind, full.bytes()); !s.ok()) return s;
+    }
+  }
+  return (*writer)->Commit(progress);
+}
+
+}  // namespace leantron::ckpt

@@ -1,0 +1,197 @@
+#include "libckpt/model_config.h"
+
+#include <cmath>
+
+#include "absl/strings/str_format.h"
+#include "libckpt/file_util.h"
+#include "libckpt/strings.h"
+#include "simdjson.h"
+
+namespace leantron::ckpt {
+
+ModelConfig Gpt2StyleConfig(int64_t num_layers, int64_t hidden_size, int64_t num_heads,
+                            int64_t vocab_size, int64_t max_positions) {
+  ModelConfig c;
+  c.num_layers = num_layers;
+  c.hidden_size = hidden_size;
+  c.ffn_hidden_size = 4 * hidden_size;
+  c.num_attention_heads = num_heads;
+  c.num_query_groups = num_heads;
+  c.kv_channels = hidden_size / num_heads;
+  c.vocab_size = vocab_size;
+  c.max_position_embeddings = max_positions;
+  c.normalization = NormType::kLayerNorm;
+  c.norm_epsilon = 1e-5;
+  c.activation = Activation::kGeluTanh;
+  c.position_embedding_type = PositionEmbedding::kLearnedAbsolute;
+  c.add_bias_linear = true;
+  c.add_qkv_bias = true;
+  c.untie_embeddings_and_output_weights = false;
+  return c;
+}
+
+ModelConfig LlamaStyleConfig(int64_t num_layers, int64_t hidden_size, int64_t ffn_hidden_size,
+                             int64_t num_heads, int64_t num_query_groups, int64_t vocab_size,
+                             int64_t max_positions) {
+  ModelConfig c;
+  c.num_layers = num_layers;
+  c.hidden_size = hidden_size;
+  c.ffn_hidden_size = ffn_hidden_size;
+  c.num_attention_heads = num_heads;
+  c.num_query_groups = num_query_groups;
+  c.kv_channels = hidden_size / num_heads;
+  c.vocab_size = vocab_size;
+  c.max_position_embeddings = max_positions;
+  c.normalization = NormType::kRMSNorm;
+  c.norm_epsilon = 1e-5;
+  c.activation = Activation::kSwiGLU;
+  c.position_embedding_type = PositionEmbedding::kRope;
+  c.add_bias_linear = false;
+  c.add_qkv_bias = false;
+  c.untie_embeddings_and_output_weights = true;
+  return c;
+}
+
+absl::Status ValidateModelConfig(const ModelConfig& c) {
+  auto positive = [](int64_t v, const char* name) -> absl::Status {
+    if (v <= 0) return absl::InvalidArgumentError(Cat("model config: ", name, " must be positive"));
+    return absl::OkStatus();
+  };
+  for (auto [v, name] : {std::pair{c.num_layers, "num_layers"}, {c.hidden_size, "hidden_size"},
+                         {c.ffn_hidden_size, "ffn_hidden_size"},
+                         {c.num_attention_heads, "num_attention_heads"},
+                         {c.num_query_groups, "num_query_groups"}, {c.kv_channels, "kv_channels"},
+                         {c.vocab_size, "vocab_size"},
+                         {c.make_vocab_size_divisible_by, "make_vocab_size_divisible_by"}}) {
+    if (auto s = positive(v, name); !s.ok()) return s;
+  }
+  if (c.position_embedding_type == PositionEmbedding::kLearnedAbsolute) {
+    if (auto s = positive(c.max_position_embeddings, "max_position_embeddings"); !s.ok()) return s;
+  }
+  if (c.num_attention_heads % c.num_query_groups != 0) {
+    return absl::InvalidArgumentError(Cat("model config: ", c.num_attention_heads,
+                                          " attention heads are not divisible into ",
+                                          c.num_query_groups, " query groups"));
+  }
+  if (DTypeSize(c.params_dtype) == 0) {
+    return absl::InvalidArgumentError("model config: params_dtype must be a whole-byte type");
+  }
+  return absl::OkStatus();
+}
+
+std::string_view NormTypeName(NormType type) {
+  return type == NormType::kLayerNorm ? "LayerNorm" : "RMSNorm";
+}
+
+std::string_view ActivationName(Activation activation) {
+  switch (activation) {
+    case Activation::kGelu: return "gelu";
+    case Activation::kGeluTanh: return "gelu_tanh";
+    case Activation::kSwiGLU: return "swiglu";
+  }
+  return "";
+}
+
+std::string_view PositionEmbeddingName(PositionEmbedding type) {
+  return type == PositionEmbedding::kLearnedAbsolute ? "learned_absolute" : "rope";
+}
+
+std::string ModelConfigToJson(const ModelConfig& c) {
+  // %.17g keeps doubles exact through a round trip.
+  std::string json = absl::StrFormat(
+      "{\"num_layers\": %d, \"hidden_size\": %d, \"ffn_hidden_size\": %d, "
+      "\"num_attention_heads\": %d, \"num_query_groups\": %d, \"kv_channels\": %d, "
+      "\"vocab_size\": %d, \"max_position_embeddings\": %d, \"make_vocab_size_divisible_by\": %d, "
+      "\"normalization\": \"%s\", \"norm_epsilon\": %.17g, \"activation\": \"%s\", "
+      "\"position_embedding_type\": \"%s\", \"rotary_base\": %.17g, \"add_bias_linear\": %s, "
+      "\"add_qkv_bias\": %s, \"untie_embeddings_and_output_weights\": %s, \"params_dtype\": \"%s\"",
+      c.num_layers, c.hidden_size, c.ffn_hidden_size, c.num_attention_heads, c.num_query_groups,
+      c.kv_channels, c.vocab_size, c.max_position_embeddings, c.make_vocab_size_divisible_by,
+      ToAbsl(NormTypeName(c.normalization)), c.norm_epsilon, ToAbsl(ActivationName(c.activation)),
+      ToAbsl(PositionEmbeddingName(c.position_embedding_type)), c.rotary_base,
+      c.add_bias_linear ? "true" : "false", c.add_qkv_bias ? "true" : "false",
+      c.untie_embeddings_and_output_weights ? "true" : "false", ToAbsl(DTypeName(c.params_dtype)));
+  if (!c.rope_scaling_json.empty()) CatAppend(&json, ", \"rope_scaling\": ", c.rope_scaling_json);
+  json += "}";
+  return json;
+}
+
+namespace {
+
+template <typename T>
+absl::Status Field(simdjson::dom::object object, const char* key, T* out) {
+  if (object[key].get(*out) != simdjson::SUCCESS) {
+    return absl::InvalidArgumentError(Cat("model config: missing or mistyped field '", key, "'"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ModelConfig> ModelConfigFromJson(std::string_view json) {
+  simdjson::dom::parser parser;
+  simdjson::dom::object object;
+  if (parser.parse(json.data(), json.size()).get(object) != simdjson::SUCCESS) {
+    return absl::InvalidArgumentError("model config: not a JSON object");
+  }
+  ModelConfig c;
+  std::string_view norm, activation, position, dtype;
+  for (auto [key, out] : {std::pair{"num_layers", &c.num_layers}, {"hidden_size", &c.hidden_size},
+                          {"ffn_hidden_size", &c.ffn_hidden_size},
+                          {"num_attention_heads", &c.num_attention_heads},
+                          {"num_query_groups", &c.num_query_groups},
+                          {"kv_channels", &c.kv_channels}, {"vocab_size", &c.vocab_size},
+                          {"max_position_embeddings", &c.max_position_embeddings},
+                          {"make_vocab_size_divisible_by", &c.make_vocab_size_divisible_by}}) {
+    if (auto s = Field(object, key, out); !s.ok()) return s;
+  }
+  absl::Status s;
+  if (!(s = Field(object, "normalization", &norm)).ok()) return s;
+  if (!(s = Field(object, "norm_epsilon", &c.norm_epsilon)).ok()) return s;
+  if (!(s = Field(object, "activation", &activation)).ok()) return s;
+  if (!(s = Field(object, "position_embedding_type", &position)).ok()) return s;
+  if (!(s = Field(object, "rotary_base", &c.rotary_base)).ok()) return s;
+  if (!(s = Field(object, "add_bias_linear", &c.add_bias_linear)).ok()) return s;
+  if (!(s = Field(object, "add_qkv_bias", &c.add_qkv_bias)).ok()) return s;
+  if (!(s = Field(object, "untie_embeddings_and_output_weights",
+                  &c.untie_embeddings_and_output_weights))
+           .ok()) {
+    return s;
+  }
+  if (!(s = Field(object, "params_dtype", &dtype)).ok()) return s;
+  if (norm == "LayerNorm") {
+    c.normalization = NormType::kLayerNorm;
+  } else if (norm == "RMSNorm") {
+    c.normalization = NormType::kRMSNorm;
+  } else {
+    return absl::InvalidArgumentError(Cat("model config: unknown normalization '", norm, "'"));
+  }
+  if (activation == "gelu") {
+    c.activation = Activation::kGelu;
+  } else if (activation == "gelu_tanh") {
+    c.activation = Activation::kGeluTanh;
+  } else if (activation == "swiglu") {
+    c.activation = Activation::kSwiGLU;
+  } else {
+    return absl::InvalidArgumentError(Cat("model config: unknown activation '", activation, "'"));
+  }
+  if (position == "learned_absolute") {
+    c.position_embedding_type = PositionEmbedding::kLearnedAbsolute;
+  } else if (position == "rope") {
+    c.position_embedding_type = PositionEmbedding::kRope;
+  } else {
+    return absl::InvalidArgumentError(
+        Cat("model config: unknown position_embedding_type '", position, "'"));
+  }
+  auto parsed_dtype = ParseDType(dtype);
+  if (!parsed_dtype) return absl::InvalidArgumentError(Cat("model config: unknown dtype ", dtype));
+  c.params_dtype = *parsed_dtype;
+  simdjson::dom::element scaling;
+  if (object["rope_scaling"].get(scaling) == simdjson::SUCCESS && !scaling.is_null()) {
+    c.rope_scaling_json = simdjson::minify(scaling);
+  }
+  if (auto status = ValidateModelConfig(c); !status.ok()) return status;
+  return c;
+}
+
+}  // namespace leantron::ckpt
