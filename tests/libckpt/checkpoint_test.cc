@@ -1,0 +1,246 @@
+// Checkpoint directory: save, verified load, resharding through chains of layouts with optimizer
+// state, loading into any rank, and crash safety (the writer killed at every step of a save).
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <functional>
+
+#include "gtest/gtest.h"
+#include "libckpt/checkpoint_reader.h"
+#include "libckpt/checkpoint_writer.h"
+#include "libckpt/reshard.h"
+#include "libckpt/safetensors_writer.h"
+
+namespace leantron::ckpt {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Value of full-tensor element `index` of parameter `name` for `kind`: a hash, so any misplaced
+// row or column shows. Padded vocabulary rows are zero, as a reshard would produce.
+float Value(const std::string& name, TensorKind kind, int64_t index) {
+  uint64_t h = std::hash<std::string>{}(name) ^ (static_cast<uint64_t>(kind) * 0x9e3779b97f4a7c15ull);
+  h ^= static_cast<uint64_t>(index) * 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 31;
+  h *= 0x94d049bb133111ebull;
+  h ^= h >> 29;
+  return static_cast<float>(h % 2000003) / 1000.0f - 1000.0f;
+}
+
+class SyntheticSource : public FullTensorSource {
+ public:
+  explicit SyntheticSource(int64_t vocab) : vocab_(vocab) {}
+  absl::Status ReadFull(const ParamSpec& target, TensorKind kind, Tensor* out) override {
+    const std::string& name = target.tied_to.empty() ? target.name : target.tied_to;
+    out->Reset(DType::kF32, target.shape);
+    auto* values = reinterpret_cast<float*>(out->data.data());
+    const int64_t n = NumElements(target.shape);
+    const bool vocab = target.split == TpSplit::kVocabRows;
+    const int64_t row = target.shape.size() == 2 ? target.shape[1] : 1;
+    for (int64_t i = 0; i < n; ++i) {
+      values[i] = vocab && i / row >= vocab_ ? 0.0f : Value(name, kind, i);
+    }
+    return absl::OkStatus();
+  }
+  bool has_optimizer() const override { return true; }
+
+ private:
+  int64_t vocab_;
+};
+
+// Expected shard element, written from the split rules directly (not via ModelLayout).
+float ExpectedShardValue(const ParamSpec& spec, TensorKind kind, int tp, int tp_rank,
+                         int64_t vocab, int64_t local_index) {
+  const std::string& name = spec.tied_to.empty() ? spec.name : spec.tied_to;
+  const int64_t cols = spec.shape.size() == 2 ? spec.shape[1] : 1;
+  int64_t row, col;
+  switch (spec.split) {
+    case TpSplit::kReplicated:
+      return Value(name, kind, local_index);
+    case TpSplit::kColumns: {
+      const int64_t local_cols = cols / tp;
+      row = local_index / local_cols;
+      col = tp_rank * local_cols + local_index % local_cols;
+      break;
+    }
+    case TpSplit::kSwigluRows: {
+      const int64_t block = spec.shape[0] / 2 / tp;
+      const int64_t r = local_index / cols;
+      row = r < block ? tp_rank * block + r : spec.shape[0] / 2 + tp_rank * block + (r - block);
+      col = local_index % cols;
+      break;
+    }
+    default: {
+      const int64_t block = spec.shape[0] / tp;
+      row = tp_rank * block + local_index / cols;
+      col = local_index % cols;
+      if (spec.split == TpSplit::kVocabRows && row >= vocab) return 0.0f;
+    }
+  }
+  return Value(name, kind, row * cols + col);
+}
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() /
+            ("libckpt_ckpt_" + std::to_string(::getpid()) + "_" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  std::string Dir(const std::string& name) { return (root_ / name).string(); }
+
+  CheckpointMetadata Metadata(const ModelConfig& config, ParallelConfig parallel, int64_t iteration) {
+    CheckpointMetadata m;
+    m.config = config;
+    m.parallel = parallel;
+    m.iteration = iteration;
+    m.consumed_samples = 4096;
+    m.has_optimizer = true;
+    m.optimizer_step = 77;
+    m.args_json = R"({"lr":0.0003,"seed":1234,"tokenizer_type":"GPT2BPETokenizer"})";
+    return m;
+  }
+
+  // Every rank of `parallel` loaded from `dir` matches the synthetic values exactly.
+  void ExpectRanksMatch(const std::string& dir, const ModelConfig& config, ParallelConfig parallel) {
+    auto layout = ModelLayout::Create(config, parallel);
+    ASSERT_TRUE(layout.ok());
+    for (int pp = 0; pp < parallel.pp; ++pp) {
+      for (int tp = 0; tp < parallel.tp; ++tp) {
+        auto state = LoadRankState(dir, std::nullopt, parallel, tp, pp);
+        ASSERT_TRUE(state.ok()) << state.status();
+        auto stage = layout->StageParams(pp);
+        ASSERT_EQ(state->params.size(), stage.size());
+        ASSERT_EQ(state->exp_avg_sq.size(), stage.size());
+        EXPECT_EQ(state->metadata.optimizer_step, 77);
+        EXPECT_EQ(state->metadata.consumed_samples, 4096);
+        for (size_t i = 0; i < stage.size(); ++i) {
+          for (auto [kind, list] : {std::pair{TensorKind::kParam, &state->params},
+                                    {TensorKind::kMainParam, &state->main_params},
+                                    {TensorKind::kExpAvg, &state->exp_avg},
+                                    {TensorKind::kExpAvgSq, &state->exp_avg_sq}}) {
+            const NamedTensor& got = (*list)[i];
+            ASSERT_EQ(got.name, stage[i]->name);
+            ASSERT_EQ(got.tensor.shape, layout->ShardShape(*stage[i]));
+            const auto* values = reinterpret_cast<const float*>(got.tensor.data.data());
+            const int64_t n = NumElements(got.tensor.shape);
+            for (int64_t j = 0; j < n; ++j) {
+              ASSERT_EQ(values[j], ExpectedShardValue(*stage[i], kind, parallel.tp, tp,
+                                                      config.vocab_size, j))
+                  << got.name << " kind " << static_cast<int>(kind) << " tp " << tp << " pp " << pp
+                  << " element " << j;
+            }
+          }
+        }
+      }
+    }
+  }
+
+  fs::path root_;
+};
+
+TEST_F(CheckpointTest, ReshardChainKeepsParamsAndOptimizerStateExactly) {
+  for (const ModelConfig& config :
+       {Gpt2StyleConfig(4, 16, 4, 300, 32), LlamaStyleConfig(4, 32, 40, 8, 4, 300, 32)}) {
+    SyntheticSource source(config.vocab_size);
+    ASSERT_TRUE(SaveCheckpointFrom(source, Metadata(config, {2, 2, 1}, 10), Dir("a")).ok());
+    ExpectRanksMatch(Dir("a"), config, {2, 2, 1});
+    const std::vector<ParallelConfig> chain = {{4, 1, 1}, {1, 4, 1}, {2, 2, 2}, {1, 1, 1}};
+    std::string from = Dir("a");
+    for (size_t i = 0; i < chain.size(); ++i) {
+      const std::string to = Dir("b" + std::to_string(i));
+      ASSERT_TRUE(ReshardCheckpoint(from, to, {std::nullopt, chain[i]}).ok());
+      ExpectRanksMatch(to, config, chain[i]);
+      from = to;
+    }
+    // Any layout loads directly into any other.
+    ExpectRanksMatch(Dir("a"), config, {4, 2, 1});
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+  }
+}
+
+TEST_F(CheckpointTest, DirectoryHasMegatronShape) {
+  ModelConfig config = Gpt2StyleConfig(4, 16, 4, 300, 32);
+  SyntheticSource source(config.vocab_size);
+  ASSERT_TRUE(SaveCheckpointFrom(source, Metadata(config, {2, 2, 1}, 123), Dir("c")).ok());
+  EXPECT_TRUE(fs::exists(Dir("c/iter_0000123/mp_rank_01_001/model.safetensors")));
+  EXPECT_TRUE(fs::exists(Dir("c/iter_0000123/mp_rank_00_000/optimizer.safetensors")));
+  EXPECT_TRUE(fs::exists(Dir("c/iter_0000123/metadata.json")));
+  EXPECT_EQ(*ReadLatestIteration(Dir("c")), 123);
+  ASSERT_TRUE(ReshardCheckpoint(Dir("c"), Dir("d"), {std::nullopt, {2, 1, 1}}).ok());
+  EXPECT_TRUE(fs::exists(Dir("d/iter_0000123/mp_rank_01/model.safetensors")));
+  auto reader = CheckpointReader::Open(Dir("d"), 123);
+  ASSERT_TRUE(reader.ok());
+  EXPECT_EQ(reader->get()->metadata().args_json,
+            R"({"lr":0.0003,"seed":1234,"tokenizer_type":"GPT2BPETokenizer"})");
+  // Tied embeddings: the last stage's copy exists only with PP > 1.
+  EXPECT_EQ(reader->get()->shard_file(0, 0, false).Find("output_layer.weight"), nullptr);
+  auto pp2 = CheckpointReader::Open(Dir("c"), std::nullopt);
+  EXPECT_NE(pp2->get()->shard_file(0, 1, false).Find("output_layer.weight"), nullptr);
+}
+
+TEST_F(CheckpointTest, LoadRefusesIncompleteOrInconsistentCheckpoints) {
+  ModelConfig config = LlamaStyleConfig(4, 32, 40, 8, 4, 300, 32);
+  SyntheticSource source(config.vocab_size);
+  ASSERT_TRUE(SaveCheckpointFrom(source, Metadata(config, {2, 2, 1}, 5), Dir("e")).ok());
+  const std::string shard = Dir("e/iter_0000005/mp_rank_01_001/model.safetensors");
+  fs::rename(shard, shard + ".bak");
+  auto missing = CheckpointReader::Open(Dir("e"), std::nullopt);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("mp_rank_01_001"), std::string::npos);
+  // A shard with a tensor missing is named precisely.
+  std::vector<float> tiny(32);
+  ASSERT_TRUE(WriteSafetensors(shard, {{{"decoder.final_layernorm.weight", DType::kF32, {32}},
+                                        std::as_bytes(std::span(tiny))}})
+                  .ok());
+  auto incomplete = CheckpointReader::Open(Dir("e"), std::nullopt);
+  ASSERT_FALSE(incomplete.ok());
+  EXPECT_NE(incomplete.status().message().find("is missing"), std::string::npos) << incomplete.status();
+  fs::rename(shard + ".bak", shard);
+  EXPECT_TRUE(CheckpointReader::Open(Dir("e"), std::nullopt).ok());
+  auto impossible = ReshardCheckpoint(Dir("e"), Dir("f"), {std::nullopt, {8, 1, 1}});
+  ASSERT_FALSE(impossible.ok());
+  EXPECT_NE(impossible.message().find("query groups"), std::string::npos);
+  EXPECT_FALSE(fs::exists(Dir("f")));
+  EXPECT_FALSE(CheckpointReader::Open(Dir("e"), 6).ok());
+}
+
+TEST_F(CheckpointTest, KilledWriterLeavesPreviousCheckpointLoadable) {
+  ModelConfig config = Gpt2StyleConfig(4, 16, 4, 300, 32);
+  SyntheticSource source(config.vocab_size);
+  ASSERT_TRUE(SaveCheckpointFrom(source, Metadata(config, {2, 2, 1}, 1), Dir("k")).ok());
+  // 8 shard files + metadata + verified + renamed + tracker = 12 steps; kill after each of them
+  // and before the first.
+  for (int kill_at = 0; kill_at <= 12; ++kill_at) {
+    pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      int step = 0;
+      if (kill_at == 0) ::raise(SIGKILL);
+      auto status = SaveCheckpointFrom(source, Metadata(config, {2, 2, 1}, 2), Dir("k"),
+                                       [&](std::string_view) {
+                                         if (++step == kill_at) ::raise(SIGKILL);
+                                       });
+      ::_exit(status.ok() ? 0 : 1);
+    }
+    int wstatus = 0;
+    ::waitpid(child, &wstatus, 0);
+    auto reader = CheckpointReader::Open(Dir("k"), std::nullopt);
+    ASSERT_TRUE(reader.ok()) << "killed at step " << kill_at << ": " << reader.status();
+    const int64_t expected = kill_at == 12 || !WIFSIGNALED(wstatus) ? 2 : 1;
+    EXPECT_EQ(reader->get()->metadata().iteration, expected) << "killed at step " << kill_at;
+    if (expected == 2) fs::remove_all(Dir("k/iter_0000002"));
+    ASSERT_TRUE(SaveCheckpointFrom(source, Metadata(config, {2, 2, 1}, 1), Dir("k")).ok());
+  }
+}
+
+}  // namespace
+}  // namespace leantron::ckpt
