@@ -149,6 +149,12 @@ void BpeVocab::BuildTable() {
     }
     if (slots_[i].rank < 0) slots_[i] = Slot{head, static_cast<uint32_t>(t.size()), r};
   }
+  two_byte_rank_.assign(1 << 16, -1);
+  for (int32_t r = num_ranks() - 1; r >= 0; --r) {  // the first rank wins, as in the table
+    const std::string_view t = TokenBytes(r);
+    if (t.size() == 2)
+      two_byte_rank_[(static_cast<uint8_t>(t[0]) << 8) | static_cast<uint8_t>(t[1])] = r;
+  }
 }
 
 absl::StatusOr<BpeVocab> BpeVocab::FromTiktokenFile(const std::string& path) {

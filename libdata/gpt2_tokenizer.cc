@@ -9,7 +9,7 @@ namespace {
 
 // Pieces longer than this are not cached (a pathological 10 MB piece would pin 10 MB).
 constexpr size_t kMaxCachedPiece = 64;
-constexpr size_t kMaxCacheEntries = 1 << 16;
+constexpr size_t kMaxCacheEntries = 1 << 20;
 
 }  // namespace
 
@@ -85,7 +85,12 @@ void Gpt2Encoder::EncodeOrdinary(std::string_view text, std::vector<int32_t>* ou
   const uint8_t* end = p + text.size();
   while (p < end) {
     const size_t n = pretokenizer.PieceLength(p, end);
-    EncodePiece(p, n, out);
+    const int32_t rank = end - p >= 8 ? vocab_.RankPadded(p, n) : vocab_.Rank(p, n);
+    if (rank >= 0) {
+      out->push_back(rank);
+    } else {
+      EncodePiece(p, n, out);
+    }
     p += n;
   }
 }
@@ -104,11 +109,6 @@ void Gpt2Encoder::Encode(std::string_view text, bool allow_special, std::vector<
 }
 
 void Gpt2Encoder::EncodePiece(const uint8_t* p, size_t n, std::vector<int32_t>* out) {
-  const int32_t rank = vocab_.Rank(p, n);
-  if (rank >= 0) {
-    out->push_back(rank);
-    return;
-  }
   if (n > kMaxCachedPiece) {
     BytePairEncode(vocab_, p, n, out);
     return;

@@ -65,6 +65,7 @@ class Gpt2Encoder {
   void Encode(std::string_view text, bool allow_special, std::vector<int32_t>* out);
 
  private:
+  // A piece that is not a single token: cached merges, else byte-pair merging.
   void EncodePiece(const uint8_t* p, size_t n, std::vector<int32_t>* out);
 
   const Gpt2Tokenizer& tokenizer_;
