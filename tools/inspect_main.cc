@@ -1,10 +1,10 @@
-// inspect: look inside the project's files.
-//   inspect dataset PREFIX [--document K] [--vocab-file F --merge-file F | --tiktoken-file F]
-// Each subcommand is a thin layer over one library function.
+// inspect: look inside the project's files. Each subcommand is a thin layer over one library call.
+//   inspect dataset PREFIX | W1 P1 W2 P2 ... [--document K] [--sample K --seq-length N ...]
 #include <cstdint>
 #include <iostream>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "libdata/dataset_inspect.h"
@@ -24,19 +24,49 @@ int main(int argc, char** argv) {
 
   // ---- inspect dataset ----
   leantron::data::InspectDatasetOptions dataset;
-  int64_t document = -1;
-  CLI::App* dataset_cmd = app.add_subcommand("dataset", "Summarize an indexed dataset (.bin/.idx)");
-  dataset_cmd->add_option("prefix", dataset.prefix, "Dataset prefix (without .bin/.idx)")
+  int64_t document = -1, sample = -1;
+  std::vector<int64_t> num_samples = {0, 0, 0};
+  std::string split_name = "train";
+  bool no_cache = false;
+  CLI::App* dataset_cmd =
+      app.add_subcommand("dataset", "Summarize an indexed dataset (.bin/.idx); show GPT samples");
+  dataset_cmd
+      ->add_option("data-path", dataset.data_path,
+                   "Dataset prefix, or a Megatron --data-path blend: W1 PREFIX1 W2 PREFIX2 ...")
       ->required();
   dataset_cmd->add_option("--document", document, "Print (and decode) document K");
   dataset_cmd->add_option("--vocab-file", dataset.vocab.vocab_file, "GPT-2 encoder.json");
   dataset_cmd->add_option("--merge-file", dataset.vocab.merge_file, "GPT-2 vocab.bpe");
   dataset_cmd->add_option("--tiktoken-file", dataset.vocab.tiktoken_file, "gpt2.tiktoken");
+  dataset_cmd->add_option("--sample", sample, "Print (and decode) GPT sample K of --split-name");
+  dataset_cmd->add_option("--seq-length", dataset.gpt.seq_length, "Megatron --seq-length")
+      ->capture_default_str();
+  dataset_cmd->add_option("--split", dataset.gpt.split, "Megatron --split")->capture_default_str();
+  dataset_cmd->add_option("--seed", dataset.gpt.seed, "Megatron --seed")->capture_default_str();
+  dataset_cmd
+      ->add_option("--num-samples", num_samples,
+                   "Samples requested for train valid test (Megatron: train_iters*GBS, ...)")
+      ->expected(3);
+  dataset_cmd->add_option("--split-name", split_name, "train, valid or test")
+      ->check(CLI::IsMember({"train", "valid", "test"}));
+  dataset_cmd->add_option("--cache-dir", dataset.gpt.cache_dir,
+                          "Where the index cache lives (default: beside the data)");
+  dataset_cmd->add_flag("--no-cache", no_cache, "Neither read nor write the index cache");
+  dataset_cmd->add_option("--export-dir", dataset.export_dir,
+                          "Write index arrays and samples as .npy files here");
+  dataset_cmd->add_option("--export-samples", dataset.export_samples,
+                          "How many samples to write to samples.npy");
 
   CLI11_PARSE(app, argc, argv);
 
   if (dataset_cmd->parsed()) {
     if (document >= 0) dataset.document = document;
+    if (sample >= 0) dataset.sample = sample;
+    for (int j = 0; j < 3; ++j) dataset.gpt.num_samples[j] = num_samples[j];
+    dataset.gpt.use_cache = !no_cache;
+    dataset.split_kind = split_name == "train"   ? leantron::data::SplitKind::kTrain
+                         : split_name == "valid" ? leantron::data::SplitKind::kValid
+                                                 : leantron::data::SplitKind::kTest;
     if (absl::Status s = leantron::data::InspectDataset(dataset, std::cout); !s.ok())
       return Fail(s);
     return 0;
