@@ -1,9 +1,8 @@
 #include "libdata/bpe_merge.h"
 
 #include <algorithm>
-#include <functional>
 #include <cstring>
-
+#include <functional>
 
 namespace leantron::data {
 namespace {

@@ -241,9 +241,8 @@ void AppendJsonString(std::string_view bytes, std::string* out) {
 
 // One line of JSONL work: parse, then encode/count, or decode ids to a JSON object.
 absl::Status ProcessLine(const Gpt2Tokenizer& tokenizer, const TokenizeStreamOptions& opt,
-                         Gpt2Encoder& encoder, simdjson::ondemand::parser& parser,
-                         std::string_view line, size_t capacity, uint64_t line_no,
-                         std::vector<int32_t>& ids, std::string* out) {
+                         Gpt2Encoder& encoder, simdjson::dom::parser& parser, std::string_view line,
+                         uint64_t line_no, std::vector<int32_t>& ids, std::string* out) {
   const auto where = [&] { return absl::StrCat(opt.input_name, ":", line_no); };
   ids.clear();
   if (opt.mode == Mode::kDecode) {
@@ -262,28 +261,22 @@ absl::Status ProcessLine(const Gpt2Tokenizer& tokenizer, const TokenizeStreamOpt
     out->append(opt.mode == Mode::kCount ? "0\n" : "\n");  // keep one output line per input line
     return absl::OkStatus();
   }
-  simdjson::ondemand::document doc;
-  simdjson::ondemand::object obj;
-  std::string_view text;
-  if (auto err = parser.iterate(simdjson::padded_string_view(line, capacity)).get(doc); err) {
+  // The DOM parser validates the whole line (ondemand would skip what it does not visit).
+  simdjson::dom::element doc;
+  if (auto err = parser.parse(line.data(), line.size(), false).get(doc); err) {
     return absl::InvalidArgumentError(
         absl::StrCat(where(), ": invalid JSON: ", simdjson::error_message(err)));
   }
-  if (auto err = doc.get_object().get(obj); err)
+  simdjson::dom::object obj;
+  if (doc.get_object().get(obj))
     return absl::InvalidArgumentError(absl::StrCat(where(), ": not a JSON object"));
-  simdjson::ondemand::value value;
-  if (auto err = obj.find_field_unordered(opt.json_key).get(value); err) {
-    if (err == simdjson::NO_SUCH_FIELD)
-      return absl::InvalidArgumentError(absl::StrCat(where(), ": no key \"", opt.json_key, "\""));
+  simdjson::dom::element value;
+  if (obj.at_key(opt.json_key).get(value))
+    return absl::InvalidArgumentError(absl::StrCat(where(), ": no key \"", opt.json_key, "\""));
+  std::string_view text;
+  if (value.get_string().get(text)) {
     return absl::InvalidArgumentError(
-        absl::StrCat(where(), ": invalid JSON: ", simdjson::error_message(err)));
-  }
-  if (auto err = value.get_string().get(text); err) {
-    if (err == simdjson::INCORRECT_TYPE)
-      return absl::InvalidArgumentError(
-          absl::StrCat(where(), ": \"", opt.json_key, "\" is not a string"));
-    return absl::InvalidArgumentError(
-        absl::StrCat(where(), ": invalid JSON: ", simdjson::error_message(err)));
+        absl::StrCat(where(), ": \"", opt.json_key, "\" is not a string"));
   }
   encoder.Encode(text, opt.allow_special, &ids);
   if (opt.mode == Mode::kCount) {
@@ -299,7 +292,7 @@ absl::Status RunJsonl(const Gpt2Tokenizer& tokenizer, const TokenizeStreamOption
                       std::FILE* in, std::FILE* out) {
   const int threads = std::max(opt.threads, 1);
   std::vector<Gpt2Encoder> encoders;
-  std::vector<simdjson::ondemand::parser> parsers(threads);
+  std::vector<simdjson::dom::parser> parsers(threads);
   for (int t = 0; t < threads; ++t) encoders.emplace_back(tokenizer);
   std::string buf;
   bool eof = false;
@@ -330,8 +323,8 @@ absl::Status RunJsonl(const Gpt2Tokenizer& tokenizer, const TokenizeStreamOption
       for (size_t l = lo; l < hi && status[k].ok(); ++l) {
         const auto [pos, len] = lines[l];
         status[k] = ProcessLine(tokenizer, opt, encoders[t], parsers[t],
-                                std::string_view(buf.data() + pos, len), buf.size() - pos,
-                                first_line_no + l, ids, &rendered[k]);
+                                std::string_view(buf.data() + pos, len), first_line_no + l, ids,
+                                &rendered[k]);
       }
     });
     for (size_t k = 0; k < parts; ++k) {

@@ -9,6 +9,17 @@ namespace {
 
 constexpr uint32_t kCodePoints = 0x110000;
 
+struct NewerRange {
+  uint32_t first, last;
+  CharClass cls;
+};
+// Letters and numbers assigned after older ICU releases, as tiktoken's regex engine knows them.
+constexpr NewerRange kNewerRanges[] = {
+#include "libdata/unicode_delta.inc"
+};
+
+// Classes from ICU; code points this ICU does not know yet but Unicode 16.0 (tiktoken's) does
+// come from kNewerRanges.
 std::unique_ptr<CharClass[]> BuildTable() {
   auto table = std::make_unique<CharClass[]>(kCodePoints);
   for (uint32_t cp = 0; cp < kCodePoints; ++cp) {
@@ -24,6 +35,11 @@ std::unique_ptr<CharClass[]> BuildTable() {
       }
     }
     table[cp] = c;
+  }
+  for (const NewerRange& r : kNewerRanges) {
+    for (uint32_t cp = r.first; cp <= r.last; ++cp) {
+      if (u_charType(static_cast<UChar32>(cp)) == U_UNASSIGNED) table[cp] = r.cls;
+    }
   }
   return table;
 }

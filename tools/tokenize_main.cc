@@ -47,6 +47,10 @@ int main(int argc, char** argv) {
     sub->add_option("--threads", options.threads, "worker threads (output does not change)")
         ->capture_default_str()
         ->check(CLI::Range(1, 1024));
+    sub->add_option("--block-bytes", options.block_bytes,
+                    "bytes read per round and thread (memory/parallelism trade-off)")
+        ->capture_default_str()
+        ->check(CLI::Range(size_t{1}, size_t{1} << 32));
   };
   CLI::App* encode = app.add_subcommand("encode", "text -> ids");
   CLI::App* decode = app.add_subcommand("decode", "ids -> text");

@@ -68,17 +68,17 @@ TEST(Pretokenizer, UnicodeClasses) {
 
 TEST(Pretokenizer, InvalidUtf8BytesActAsSymbols) {
   EXPECT_EQ(Split("a\xFF\xFE!b"), (V{"a", "\xFF\xFE!", "b"}));
-  EXPECT_EQ(Split(" \xC3"), (V{" \xC3"}));            // truncated sequence at the end
+  EXPECT_EQ(Split(" \xC3"), (V{" \xC3"}));                      // truncated sequence at the end
   EXPECT_EQ(Split("\xED\xA0\x80z"), (V{"\xED\xA0\x80", "z"}));  // a UTF-16 surrogate
 }
 
 TEST(Pretokenizer, SafeSplitPoints) {
   const std::string s = "ab cd\n ef  g";
   const auto* t = reinterpret_cast<const uint8_t*>(s.data());
-  EXPECT_TRUE(IsSafeSplit(t, 2));   // "b| cd"
+  EXPECT_TRUE(IsSafeSplit(t, 2));  // "b| cd"
   EXPECT_FALSE(IsSafeSplit(t, 0));
-  EXPECT_FALSE(IsSafeSplit(t, 6));  // after a newline
-  EXPECT_FALSE(IsSafeSplit(t, 10)); // second space of a run
+  EXPECT_FALSE(IsSafeSplit(t, 6));   // after a newline
+  EXPECT_FALSE(IsSafeSplit(t, 10));  // second space of a run
   EXPECT_TRUE(IsSafeSplit(t, 9));
 }
 

@@ -134,9 +134,9 @@ TEST(BpeVocab, CorruptTiktokenFilesAreReportedWithTheirLine) {
             std::string::npos);
   EXPECT_NE(ErrorOf(BpeVocab::FromTiktokenText(good + "YWI=\n", "v.tiktoken")).find("no space"),
             std::string::npos);
-  EXPECT_NE(ErrorOf(BpeVocab::FromTiktokenText(good + "YQ== 256\n", "v.tiktoken"))
-                .find("appears twice"),
-            std::string::npos);
+  EXPECT_NE(
+      ErrorOf(BpeVocab::FromTiktokenText(good + "YQ== 256\n", "v.tiktoken")).find("appears twice"),
+      std::string::npos);
   // Without all 256 single bytes some text could not be encoded.
   EXPECT_NE(ErrorOf(BpeVocab::FromTiktokenText("YQ== 0\n", "v.tiktoken")).find("single byte"),
             std::string::npos);
@@ -157,8 +157,8 @@ TEST(BpeVocab, MismatchedMegatronFilesAreReported) {
                 .find("mismatched files"),
             std::string::npos);
   // A merge of a token nobody made names its line.
-  EXPECT_NE(ErrorOf(BpeVocab::FromMegatronText(*json, "e.json",
-                                               "#version: 0.2\nzzzq \xC4\xA0\n", "v.bpe"))
+  EXPECT_NE(ErrorOf(BpeVocab::FromMegatronText(*json, "e.json", "#version: 0.2\nzzzq \xC4\xA0\n",
+                                               "v.bpe"))
                 .find("v.bpe:2: merges a token that no earlier line made"),
             std::string::npos);
   EXPECT_NE(ErrorOf(BpeVocab::FromMegatronText("[1,2]", "e.json", *merges, "v.bpe"))
