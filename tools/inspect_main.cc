@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "libckpt/inspect.h"
 #include "libdata/dataset_inspect.h"
 
 namespace {
@@ -57,7 +58,24 @@ int main(int argc, char** argv) {
   dataset_cmd->add_option("--export-samples", dataset.export_samples,
                           "How many samples to write to samples.npy");
 
+  // ---- inspect checkpoint ----
+  std::string checkpoint_dir;
+  int64_t checkpoint_iteration = -1;
+  CLI::App* checkpoint_cmd =
+      app.add_subcommand("checkpoint", "Summarize a checkpoint (config, layout, tensors, norms)");
+  checkpoint_cmd->add_option("dir", checkpoint_dir, "Checkpoint directory")->required();
+  checkpoint_cmd->add_option("--iteration", checkpoint_iteration, "Iteration (default: latest)");
+
   CLI11_PARSE(app, argc, argv);
+
+  if (checkpoint_cmd->parsed()) {
+    std::optional<int64_t> iteration;
+    if (checkpoint_iteration >= 0) iteration = checkpoint_iteration;
+    if (absl::Status s = leantron::ckpt::PrintCheckpointSummary(checkpoint_dir, iteration, std::cout);
+        !s.ok())
+      return Fail(s);
+    return 0;
+  }
 
   if (dataset_cmd->parsed()) {
     if (document >= 0) dataset.document = document;

@@ -1,0 +1,232 @@
+#include "libckpt/hf_convert.h"
+
+#include <filesystem>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
+#include "libckpt/checkpoint_reader.h"
+#include "libckpt/checkpoint_writer.h"
+#include "libckpt/file_util.h"
+#include "libckpt/hf_config.h"
+#include "libckpt/hf_mapping.h"
+#include "libckpt/strings.h"
+#include "simdjson.h"
+
+namespace leantron::ckpt {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kTokenizerFiles[] = {
+    "vocab.json",          "merges.txt",          "tokenizer.json",        "tokenizer_config.json",
+    "special_tokens_map.json", "tokenizer.model", "generation_config.json", "added_tokens.json"};
+
+absl::Status CopyTokenizerFiles(const fs::path& from, const fs::path& to) {
+  std::error_code error;
+  fs::create_directories(to, error);
+  int copied = 0;
+  for (const char* name : kTokenizerFiles) {
+    if (!fs::exists(from / name)) continue;
+    fs::copy_file(from / name, to / name, fs::copy_options::overwrite_existing, error);
+    if (error) return absl::InternalError(Cat((to / name).string(), ": copy failed: ", error.message()));
+    ++copied;
+  }
+  if (copied == 0) {
+    return absl::NotFoundError(Cat(from.string(), ": no tokenizer files to copy"));
+  }
+  return absl::OkStatus();
+}
+
+// HF buffers that are not parameters.
+bool IsIgnoredHfTensor(std::string_view name) {
+  return absl::EndsWith(ToAbsl(name), ".attn.bias") ||
+         absl::EndsWith(ToAbsl(name), ".attn.masked_bias") ||
+         absl::EndsWith(ToAbsl(name), "rotary_emb.inv_freq");
+}
+
+class HfSource : public FullTensorSource {
+ public:
+  static absl::StatusOr<std::unique_ptr<HfSource>> Open(const std::string& dir,
+                                                        int64_t vocab_divisor) {
+    const std::string config_path = (fs::path(dir) / "config.json").string();
+    auto text = ReadFileToString(config_path);
+    if (!text.ok()) return text.status();
+    auto info = ParseHfConfig(*text, config_path);
+    if (!info.ok()) return info.status();
+    auto files = HfTensorFiles::Open(dir);
+    if (!files.ok()) return files.status();
+    std::unique_ptr<HfSource> source(new HfSource());
+    source->info_ = *std::move(info);
+    source->info_.config.make_vocab_size_divisible_by = vocab_divisor;
+    source->files_ = *std::move(files);
+    std::string prefix = "transformer.";
+    if (source->info_.architecture == HfArchitecture::kGpt2 &&
+        !source->files_->Contains("transformer.wte.weight") && source->files_->Contains("wte.weight")) {
+      prefix = "";
+    }
+    source->mappings_ = HfMappings(source->info_.architecture, source->info_.config, prefix);
+    if (auto s = source->Verify(dir); !s.ok()) return s;
+    for (size_t i = 0; i < source->mappings_.size(); ++i) {
+      source->by_megatron_[source->mappings_[i].megatron] = i;
+    }
+    return source;
+  }
+
+  const HfModelInfo& info() const { return info_; }
+
+  absl::Status ReadFull(const ParamSpec& target, TensorKind kind, Tensor* out) override {
+    if (kind != TensorKind::kParam) {
+      return absl::FailedPreconditionError("HuggingFace folders hold no optimizer state");
+    }
+    const std::string& name = target.tied_to.empty() ? target.name : target.tied_to;
+    auto it = by_megatron_.find(name);
+    if (it == by_megatron_.end()) return absl::NotFoundError(Cat("no HF tensor maps to '", name, "'"));
+    const HfMapping& mapping = mappings_[it->second];
+    std::vector<TensorView> views;
+    std::vector<std::span<const std::byte>> spans;
+    for (const HfTensor& tensor : mapping.hf) {
+      auto view = files_->Get(tensor.name);
+      if (!view.ok()) return view.status();
+      views.push_back(*view);
+      spans.push_back(view->data);
+    }
+    HfToMegatron(mapping, info_.config, info_.config.params_dtype, spans, target.shape, out);
+    for (size_t i = 0; i < views.size(); ++i) files_->Release(mapping.hf[i].name, views[i]);
+    return absl::OkStatus();
+  }
+  bool has_optimizer() const override { return false; }
+
+ private:
+  // Every expected tensor present with its shape and one float dtype; nothing unexplained left.
+  absl::Status Verify(const std::string& dir) {
+    absl::flat_hash_set<std::string> used;
+    std::optional<DType> dtype;
+    for (const HfMapping& mapping : mappings_) {
+      for (const HfTensor& tensor : mapping.hf) {
+        auto view = files_->Get(tensor.name);
+        if (!view.ok()) return view.status();
+        std::vector<int64_t> shape(view->info->shape.begin(), view->info->shape.end());
+        if (shape != tensor.shape) {
+          return absl::InvalidArgumentError(Cat(dir, ": '", tensor.name, "' has shape [",
+                                                absl::StrJoin(shape, ","), "], config.json implies [",
+                                                absl::StrJoin(tensor.shape, ","), "]"));
+        }
+        if (!dtype) dtype = view->info->dtype;
+        if (view->info->dtype != *dtype) {
+          return absl::InvalidArgumentError(Cat(dir, ": '", tensor.name, "' is ",
+                                                DTypeName(view->info->dtype), " but others are ",
+                                                DTypeName(*dtype), "; mixed dtypes are not supported"));
+        }
+        used.insert(tensor.name);
+      }
+    }
+    if (*dtype != DType::kF32 && *dtype != DType::kBF16 && *dtype != DType::kF16) {
+      return absl::InvalidArgumentError(Cat(dir, ": tensors are ", DTypeName(*dtype),
+                                            "; expected F32, BF16 or F16"));
+    }
+    info_.config.params_dtype = *dtype;
+    for (const std::string& name : files_->Names()) {
+      if (used.contains(name) || IsIgnoredHfTensor(name)) continue;
+      // Tied models may still store the output layer; it must be the embedding's copy.
+      if (name == "lm_head.weight" && !info_.config.untie_embeddings_and_output_weights) continue;
+      return absl::InvalidArgumentError(
+          Cat(dir, ": unexpected tensor '", name, "' (not part of this model)"));
+    }
+    return absl::OkStatus();
+  }
+
+  HfSource() = default;
+  HfModelInfo info_;
+  std::unique_ptr<HfTensorFiles> files_;
+  std::vector<HfMapping> mappings_;
+  absl::flat_hash_map<std::string, size_t> by_megatron_;
+};
+
+// Values HF keeps in config.json that a Megatron config has no field for travel in "args".
+std::string ArgsFromHf(const HfModelInfo& info) {
+  std::string args = Cat("{\"converted_from\": \"",
+                         info.architecture == HfArchitecture::kGpt2 ? "GPT2LMHeadModel" : "LlamaForCausalLM",
+                         "\"");
+  if (!info.bos_token_id_json.empty()) CatAppend(&args, ", \"hf_bos_token_id\": ", info.bos_token_id_json);
+  if (!info.eos_token_id_json.empty()) CatAppend(&args, ", \"hf_eos_token_id\": ", info.eos_token_id_json);
+  return args + "}";
+}
+
+}  // namespace
+
+absl::Status ImportHfCheckpoint(const std::string& hf_dir, const std::string& save_dir,
+                                const HfImportOptions& options) {
+  auto source = HfSource::Open(hf_dir, options.make_vocab_size_divisible_by);
+  if (!source.ok()) return source.status();
+  CheckpointMetadata metadata;
+  metadata.config = (*source)->info().config;
+  metadata.parallel = options.target;
+  metadata.iteration = options.iteration;
+  metadata.args_json = ArgsFromHf((*source)->info());
+  if (auto layout = ModelLayout::Create(metadata.config, metadata.parallel); !layout.ok()) {
+    return layout.status();
+  }
+  if (auto s = SaveCheckpointFrom(**source, metadata, save_dir); !s.ok()) return s;
+  if (options.copy_tokenizer_files) {
+    return CopyTokenizerFiles(hf_dir, fs::path(save_dir) / "tokenizer");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExportHfCheckpoint(const std::string& load_dir, const std::string& hf_dir,
+                                const HfExportOptions& options) {
+  auto reader = CheckpointReader::Open(load_dir, options.iteration);
+  if (!reader.ok()) return reader.status();
+  const CheckpointMetadata& metadata = (*reader)->metadata();
+  auto architecture = HfArchitectureFor(metadata.config);
+  if (!architecture.ok()) return architecture.status();
+  // Full tensors are requested in the TP = 1, PP = 1 layout of the same model.
+  auto layout = ModelLayout::Create(metadata.config, {1, 1, 1});
+  if (!layout.ok()) return layout.status();
+  const std::vector<HfMapping> mappings = HfMappings(*architecture, metadata.config);
+  std::vector<TensorSpec> specs;
+  for (const HfMapping& mapping : mappings) {
+    for (const HfTensor& tensor : mapping.hf) {
+      specs.push_back({tensor.name, metadata.config.params_dtype,
+                       {tensor.shape.begin(), tensor.shape.end()}});
+    }
+  }
+  auto writer = HfShardedWriter::Create(hf_dir, std::move(specs), options.max_shard_bytes);
+  if (!writer.ok()) return writer.status();
+  Tensor full;
+  std::vector<Tensor> hf;
+  for (const HfMapping& mapping : mappings) {
+    const ParamSpec* spec = layout->Find(mapping.megatron);
+    if (spec == nullptr) return absl::InternalError(Cat("layout has no '", mapping.megatron, "'"));
+    if (auto s = (*reader)->ReadFull(*spec, TensorKind::kParam, &full); !s.ok()) return s;
+    MegatronToHf(mapping, metadata.config, full, &hf);
+    for (size_t i = 0; i < hf.size(); ++i) {
+      if (auto s = (*writer)->Write(mapping.hf[i].name, hf[i].bytes()); !s.ok()) return s;
+    }
+  }
+  if (auto s = (*writer)->Finish(); !s.ok()) return s;
+  HfModelInfo info;
+  info.architecture = *architecture;
+  info.config = metadata.config;
+  simdjson::dom::parser parser;
+  simdjson::dom::object args;
+  if (parser.parse(metadata.args_json).get(args) == simdjson::SUCCESS) {
+    simdjson::dom::element e;
+    if (args["hf_bos_token_id"].get(e) == simdjson::SUCCESS) info.bos_token_id_json = simdjson::minify(e);
+    if (args["hf_eos_token_id"].get(e) == simdjson::SUCCESS) info.eos_token_id_json = simdjson::minify(e);
+  }
+  if (auto s = WriteFileAtomically((fs::path(hf_dir) / "config.json").string(), HfConfigJson(info));
+      !s.ok()) {
+    return s;
+  }
+  if (options.copy_tokenizer_files) {
+    const fs::path from = options.tokenizer_dir.empty() ? fs::path(load_dir) / "tokenizer"
+                                                        : fs::path(options.tokenizer_dir);
+    return CopyTokenizerFiles(from, hf_dir);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace leantron::ckpt

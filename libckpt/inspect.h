@@ -1,0 +1,19 @@
+// Human-readable summary of a checkpoint: `inspect checkpoint DIR`.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace leantron::ckpt {
+
+// Prints the model config, the layout (stages and their layers), optimizer and training state,
+// every shard file with its size, and every parameter's full shape, dtype, split rule and L2 norm
+// (merged over tensor-parallel ranks, so the same model gives the same norms in any layout).
+absl::Status PrintCheckpointSummary(const std::string& checkpoint_dir,
+                                    std::optional<int64_t> iteration, std::ostream& out);
+
+}  // namespace leantron::ckpt

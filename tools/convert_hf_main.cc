@@ -1,0 +1,60 @@
+// convert_hf: HuggingFace GPT2LMHeadModel / LlamaForCausalLM folders to and from checkpoints.
+//   convert_hf --from-hf HF_DIR --save DIR [--target-tp N --target-pp M --target-vpp V]
+//   convert_hf --to-hf --load DIR --save HF_DIR [--iteration K] [--max-shard-size BYTES]
+#include <cstdint>
+#include <iostream>
+
+#include "CLI/CLI.hpp"
+#include "libckpt/hf_convert.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Convert between HuggingFace safetensors folders and Leantron checkpoints"};
+  std::string from_hf, load, save, tokenizer_dir;
+  bool to_hf = false, copy_tokenizer = false;
+  leantron::ckpt::HfImportOptions import_options;
+  leantron::ckpt::HfExportOptions export_options;
+  int64_t iteration = -1;
+  auto* from_opt = app.add_option("--from-hf", from_hf, "HF model folder to import");
+  auto* to_opt = app.add_flag("--to-hf", to_hf, "Export --load to a HF folder at --save");
+  from_opt->excludes(to_opt);
+  app.add_option("--load", load, "Checkpoint directory to export (with --to-hf)");
+  app.add_option("--save", save, "Output: checkpoint directory, or HF folder with --to-hf")
+      ->required();
+  app.add_option("--target-tp", import_options.target.tp, "Tensor-parallel size of the import");
+  app.add_option("--target-pp", import_options.target.pp, "Pipeline-parallel size of the import");
+  app.add_option("--target-vpp", import_options.target.vpp, "Virtual pipeline chunks per stage");
+  app.add_option("--make-vocab-size-divisible-by", import_options.make_vocab_size_divisible_by,
+                 "Vocabulary padding divisor (times TP)");
+  app.add_option("--iteration", iteration, "Iteration: saved as (import), read (export)");
+  app.add_option("--max-shard-size", export_options.max_shard_bytes,
+                 "Largest HF shard in bytes (export)");
+  app.add_flag("--copy-tokenizer-files", copy_tokenizer,
+               "Copy vocab.json, merges.txt, tokenizer.json, ... along (import: into "
+               "<save>/tokenizer; export: from <load>/tokenizer or --tokenizer-dir)");
+  app.add_option("--tokenizer-dir", tokenizer_dir, "Tokenizer files to copy on export");
+  CLI11_PARSE(app, argc, argv);
+
+  absl::Status status;
+  if (to_hf) {
+    if (load.empty()) {
+      std::cerr << "convert_hf: --to-hf needs --load DIR\n";
+      return 1;
+    }
+    if (iteration >= 0) export_options.iteration = iteration;
+    export_options.copy_tokenizer_files = copy_tokenizer;
+    export_options.tokenizer_dir = tokenizer_dir;
+    status = leantron::ckpt::ExportHfCheckpoint(load, save, export_options);
+  } else if (!from_hf.empty()) {
+    if (iteration >= 0) import_options.iteration = iteration;
+    import_options.copy_tokenizer_files = copy_tokenizer;
+    status = leantron::ckpt::ImportHfCheckpoint(from_hf, save, import_options);
+  } else {
+    std::cerr << "convert_hf: give --from-hf HF_DIR or --to-hf --load DIR\n";
+    return 1;
+  }
+  if (!status.ok()) {
+    std::cerr << "convert_hf: " << status.message() << "\n";
+    return 1;
+  }
+  return 0;
+}

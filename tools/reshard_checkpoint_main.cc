@@ -1,0 +1,29 @@
+// reshard_checkpoint: rewrite a checkpoint for another tensor/pipeline-parallel layout, keeping the
+// optimizer state. Streams one parameter at a time.
+//   reshard_checkpoint --load DIR --save DIR --target-tp N --target-pp M [--target-vpp V]
+//                      [--iteration K]
+#include <cstdint>
+#include <iostream>
+
+#include "CLI/CLI.hpp"
+#include "libckpt/reshard.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Reshard a Leantron checkpoint to another TP/PP layout (optimizer state kept)"};
+  std::string load, save;
+  leantron::ckpt::ReshardOptions options;
+  int64_t iteration = -1;
+  app.add_option("--load", load, "Checkpoint directory to read")->required();
+  app.add_option("--save", save, "Checkpoint directory to write")->required();
+  app.add_option("--target-tp", options.target.tp, "Target tensor-parallel size")->required();
+  app.add_option("--target-pp", options.target.pp, "Target pipeline-parallel size")->required();
+  app.add_option("--target-vpp", options.target.vpp, "Target virtual pipeline chunks per stage");
+  app.add_option("--iteration", iteration, "Iteration to read (default: the tracker's)");
+  CLI11_PARSE(app, argc, argv);
+  if (iteration >= 0) options.iteration = iteration;
+  if (absl::Status s = leantron::ckpt::ReshardCheckpoint(load, save, options); !s.ok()) {
+    std::cerr << "reshard_checkpoint: " << s.message() << "\n";
+    return 1;
+  }
+  return 0;
+}
