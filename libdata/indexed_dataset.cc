@@ -157,6 +157,10 @@ absl::StatusOr<IndexedDataset> IndexedDataset::Open(const std::string& prefix) {
     }
     previous = v;
   }
+  if (ds.document_index(0) != 0) {
+    return Corrupt(idx_path, absl::StrCat("first document index entry is ", ds.document_index(0),
+                                          ", expected 0"));
+  }
   if (ds.document_index(ds.num_doc_index_ - 1) != ds.num_sequences_) {
     return Corrupt(idx_path, absl::StrCat("last document index entry is ",
                                           ds.document_index(ds.num_doc_index_ - 1), ", expected ",

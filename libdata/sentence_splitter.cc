@@ -47,6 +47,8 @@ absl::StatusOr<std::unique_ptr<SentenceSplitter>> SentenceSplitter::Create(bool 
 }
 
 absl::Status SentenceSplitter::Split(std::string_view text, std::vector<std::string_view>* out) {
+  // punkt ends the last sentence at len(text.rstrip()): trailing whitespace belongs to no one.
+  text = text.substr(0, RStripLength(text));
   UErrorCode status = U_ZERO_ERROR;
   UText* ut = utext_openUTF8(nullptr, text.data(), static_cast<int64_t>(text.size()), &status);
   if (U_FAILURE(status)) {
@@ -60,7 +62,7 @@ absl::Status SentenceSplitter::Split(std::string_view text, std::vector<std::str
   }
   const auto emit = [&](size_t begin, size_t end, bool last) {
     std::string_view sentence = text.substr(begin, end - begin);
-    if (last || !impl_->keep_newlines) sentence = sentence.substr(0, RStripLength(sentence));
+    if (!last && !impl_->keep_newlines) sentence = sentence.substr(0, RStripLength(sentence));
     if (!sentence.empty()) out->push_back(sentence);
   };
   size_t start = 0;
