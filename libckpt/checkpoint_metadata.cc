@@ -13,10 +13,14 @@ namespace leantron::ckpt {
 
 std::string StoredTensorName(std::string_view param, TensorKind kind) {
   switch (kind) {
-    case TensorKind::kParam: return std::string(param);
-    case TensorKind::kMainParam: return Cat("main_param.", param);
-    case TensorKind::kExpAvg: return Cat("exp_avg.", param);
-    case TensorKind::kExpAvgSq: return Cat("exp_avg_sq.", param);
+    case TensorKind::kParam:
+      return std::string(param);
+    case TensorKind::kMainParam:
+      return Cat("main_param.", param);
+    case TensorKind::kExpAvg:
+      return Cat("exp_avg.", param);
+    case TensorKind::kExpAvgSq:
+      return Cat("exp_avg_sq.", param);
   }
   return "";
 }
@@ -121,7 +125,8 @@ absl::StatusOr<int64_t> ReadLatestIteration(const std::string& checkpoint_dir) {
   const std::string path = (std::filesystem::path(checkpoint_dir) / kTrackerFileName).string();
   auto text = ReadFileToString(path);
   if (!text.ok()) {
-    return absl::NotFoundError(Cat(path, ": missing; is ", checkpoint_dir, " a checkpoint directory?"));
+    return absl::NotFoundError(
+        Cat(path, ": missing; is ", checkpoint_dir, " a checkpoint directory?"));
   }
   std::string trimmed(absl::StripAsciiWhitespace(*text));
   if (trimmed == "release") return -1;

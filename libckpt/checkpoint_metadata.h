@@ -39,7 +39,7 @@ struct CheckpointMetadata {
   int64_t iteration = 0;  // -1 means Megatron's "release".
   int64_t consumed_samples = 0;
   bool has_optimizer = false;
-  int64_t optimizer_step = 0;  // Adam step count (bias correction).
+  int64_t optimizer_step = 0;    // Adam step count (bias correction).
   std::string args_json = "{}";  // Training arguments, one JSON object kept verbatim.
 };
 

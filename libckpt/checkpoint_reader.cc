@@ -77,7 +77,8 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
         auto file = SafetensorsFile::Open(path);
         if (!file.ok()) return file.status();
         if (auto s = VerifyShardFile(reader->layout_, tp, pp, optimizer, **file); !s.ok()) return s;
-        (optimizer ? reader->optimizer_files_ : reader->model_files_)[pp].push_back(*std::move(file));
+        (optimizer ? reader->optimizer_files_ : reader->model_files_)[pp].push_back(
+            *std::move(file));
       }
     }
   }
@@ -99,12 +100,14 @@ void CopyRowsResized(const Tensor& from, Tensor* to) {
 absl::Status CheckpointReader::ReadFull(const ParamSpec& target, TensorKind kind, Tensor* out) {
   const bool optimizer = kind != TensorKind::kParam;
   if (optimizer && !metadata_.has_optimizer) {
-    return absl::FailedPreconditionError(Cat(iteration_dir_, ": checkpoint has no optimizer state"));
+    return absl::FailedPreconditionError(
+        Cat(iteration_dir_, ": checkpoint has no optimizer state"));
   }
   const std::string& canonical = target.tied_to.empty() ? target.name : target.tied_to;
   const ParamSpec* source = layout_.Find(canonical);
   if (source == nullptr || !source->tied_to.empty()) {
-    return absl::NotFoundError(Cat(iteration_dir_, ": checkpoint has no parameter '", canonical, "'"));
+    return absl::NotFoundError(
+        Cat(iteration_dir_, ": checkpoint has no parameter '", canonical, "'"));
   }
   const DType dtype = optimizer ? DType::kF32 : metadata_.config.params_dtype;
   const size_t element_size = DTypeSize(dtype);
@@ -112,10 +115,10 @@ absl::Status CheckpointReader::ReadFull(const ParamSpec& target, TensorKind kind
   const bool same_shape = source->shape == target.shape;
   if (!same_shape && (source->split != TpSplit::kVocabRows || target.shape.size() != 2 ||
                       source->shape[1] != target.shape[1])) {
-    return absl::InvalidArgumentError(
-        Cat(iteration_dir_, ": parameter '", canonical, "' has shape [",
-            absl::StrJoin(source->shape, ","), "], requested [", absl::StrJoin(target.shape, ","),
-            "]: the checkpoint's model config differs"));
+    return absl::InvalidArgumentError(Cat(iteration_dir_, ": parameter '", canonical,
+                                          "' has shape [", absl::StrJoin(source->shape, ","),
+                                          "], requested [", absl::StrJoin(target.shape, ","),
+                                          "]: the checkpoint's model config differs"));
   }
   Tensor merged;
   Tensor* full = same_shape ? out : &merged;

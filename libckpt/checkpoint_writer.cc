@@ -120,8 +120,10 @@ absl::Status CommitCheckpointSave(const std::string& checkpoint_dir, const std::
   const fs::path final_dir = fs::path(checkpoint_dir) / IterationDirName(metadata.iteration);
   if (fs::exists(final_dir)) {
     // Re-saving an iteration: swap atomically so a complete copy exists at every instant.
-    if (::renameat2(AT_FDCWD, temp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0) {
-      return absl::InternalError(Cat(final_dir.string(), ": exchange failed: ", std::strerror(errno)));
+    if (::renameat2(AT_FDCWD, temp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) !=
+        0) {
+      return absl::InternalError(
+          Cat(final_dir.string(), ": exchange failed: ", std::strerror(errno)));
     }
     std::error_code error;
     fs::remove_all(temp_dir, error);  // Now holds the replaced copy.
@@ -130,9 +132,9 @@ absl::Status CommitCheckpointSave(const std::string& checkpoint_dir, const std::
   }
   if (auto s = FsyncPath(checkpoint_dir); !s.ok()) return s;
   step("renamed");
-  if (auto s = WriteFileAtomically((fs::path(checkpoint_dir) / kTrackerFileName).string(),
-                                   metadata.iteration < 0 ? std::string("release")
-                                                          : std::to_string(metadata.iteration));
+  if (auto s = WriteFileAtomically(
+          (fs::path(checkpoint_dir) / kTrackerFileName).string(),
+          metadata.iteration < 0 ? std::string("release") : std::to_string(metadata.iteration));
       !s.ok()) {
     return s;
   }
@@ -176,8 +178,8 @@ absl::Status CheckpointWriter::WriteFull(const ParamSpec& spec, TensorKind kind,
                                          std::span<const std::byte> full) {
   const ParamSpec* own = layout_.Find(spec.name);
   if (own == nullptr || own->shape != spec.shape) {
-    return absl::InvalidArgumentError(
-        Cat("checkpoint writer: '", spec.name, "' is not a parameter of this layout with that shape"));
+    return absl::InvalidArgumentError(Cat("checkpoint writer: '", spec.name,
+                                          "' is not a parameter of this layout with that shape"));
   }
   const DType dtype = kind == TensorKind::kParam ? metadata_.config.params_dtype : DType::kF32;
   if (full.size() != static_cast<size_t>(NumElements(own->shape)) * DTypeSize(dtype)) {
@@ -199,8 +201,7 @@ absl::Status CheckpointWriter::WriteFull(const ParamSpec& spec, TensorKind kind,
 absl::Status CheckpointWriter::WriteShards(const ParamSpec& target, TensorKind kind,
                                            std::span<const std::byte> full) {
   const bool optimizer = kind != TensorKind::kParam;
-  const size_t element_size =
-      DTypeSize(optimizer ? DType::kF32 : metadata_.config.params_dtype);
+  const size_t element_size = DTypeSize(optimizer ? DType::kF32 : metadata_.config.params_dtype);
   const std::string name = StoredTensorName(target.name, kind);
   auto& writers = (optimizer ? optimizer_writers_ : model_writers_)[target.stage];
   for (int tp = 0; tp < metadata_.parallel.tp; ++tp) {
@@ -237,13 +238,15 @@ absl::Status SaveCheckpointFrom(FullTensorSource& source, const CheckpointMetada
   auto writer = CheckpointWriter::Create(checkpoint_dir, metadata);
   if (!writer.ok()) return writer.status();
   std::vector<TensorKind> kinds = {TensorKind::kParam};
-  if (metadata.has_optimizer) kinds.insert(kinds.end(), std::begin(kOptimizerKinds), std::end(kOptimizerKinds));
+  if (metadata.has_optimizer)
+    kinds.insert(kinds.end(), std::begin(kOptimizerKinds), std::end(kOptimizerKinds));
   Tensor full;
   for (const ParamSpec& spec : (*writer)->layout().params()) {
     if (!spec.tied_to.empty()) continue;  // Written together with the parameter it copies.
     for (TensorKind kind : kinds) {
       if (auto s = source.ReadFull(spec, kind, &full); !s.ok()) return s;
-      const DType expected = kind == TensorKind::kParam ? metadata.config.params_dtype : DType::kF32;
+      const DType expected =
+          kind == TensorKind::kParam ? metadata.config.params_dtype : DType::kF32;
       if (full.dtype != expected) {
         return absl::InvalidArgumentError(Cat("'", spec.name, "' is ", DTypeName(full.dtype),
                                               " but the checkpoint stores ", DTypeName(expected)));

@@ -65,7 +65,8 @@ class CheckpointWriter {
  private:
   CheckpointWriter(CheckpointMetadata metadata, ModelLayout layout)
       : metadata_(std::move(metadata)), layout_(std::move(layout)) {}
-  absl::Status WriteShards(const ParamSpec& target, TensorKind kind, std::span<const std::byte> full);
+  absl::Status WriteShards(const ParamSpec& target, TensorKind kind,
+                           std::span<const std::byte> full);
   std::string checkpoint_dir_;
   std::string temp_dir_;
   CheckpointMetadata metadata_;

@@ -47,7 +47,8 @@ absl::StatusOr<HfModelInfo> ParseGpt2(simdjson::dom::object o, std::string_view 
   double eps;
   if (o["layer_norm_epsilon"].get(eps) == simdjson::SUCCESS) c.norm_epsilon = eps;
   std::string_view act = "gelu_new";
-  if (o["activation_function"].get(act) != simdjson::SUCCESS && o["activation_function"].error() != simdjson::NO_SUCH_FIELD) {
+  if (o["activation_function"].get(act) != simdjson::SUCCESS &&
+      o["activation_function"].error() != simdjson::NO_SUCH_FIELD) {
     return Missing(source, "activation_function");
   }
   if (act == "gelu_new" || act == "gelu_pytorch_tanh") {
@@ -79,16 +80,19 @@ absl::StatusOr<HfModelInfo> ParseLlama(simdjson::dom::object o, std::string_view
     return Missing(source, "max_position_embeddings");
   }
   int64_t groups = heads;
-  if (!OptionalInt(o, "num_key_value_heads", &groups)) return Missing(source, "num_key_value_heads");
+  if (!OptionalInt(o, "num_key_value_heads", &groups))
+    return Missing(source, "num_key_value_heads");
   ModelConfig c = LlamaStyleConfig(layers, hidden, ffn, heads, groups, vocab, positions);
   if (heads > 0) c.kv_channels = hidden / heads;
   if (!OptionalInt(o, "head_dim", &c.kv_channels)) return Missing(source, "head_dim");
   std::string_view act = "silu";
-  if (o["hidden_act"].get(act) != simdjson::SUCCESS && o["hidden_act"].error() != simdjson::NO_SUCH_FIELD) {
+  if (o["hidden_act"].get(act) != simdjson::SUCCESS &&
+      o["hidden_act"].error() != simdjson::NO_SUCH_FIELD) {
     return Missing(source, "hidden_act");
   }
   if (act != "silu") {
-    return absl::InvalidArgumentError(Cat(source, ": unsupported hidden_act '", act, "' (need silu)"));
+    return absl::InvalidArgumentError(
+        Cat(source, ": unsupported hidden_act '", act, "' (need silu)"));
   }
   double value;
   if (o["rms_norm_eps"].get(value) == simdjson::SUCCESS) c.norm_epsilon = value;
@@ -160,9 +164,12 @@ namespace {
 
 std::string TorchDtype(DType dtype) {
   switch (dtype) {
-    case DType::kBF16: return "bfloat16";
-    case DType::kF16: return "float16";
-    default: return "float32";
+    case DType::kBF16:
+      return "bfloat16";
+    case DType::kF16:
+      return "float16";
+    default:
+      return "float32";
   }
 }
 

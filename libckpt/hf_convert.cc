@@ -19,9 +19,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kTokenizerFiles[] = {
-    "vocab.json",          "merges.txt",          "tokenizer.json",        "tokenizer_config.json",
-    "special_tokens_map.json", "tokenizer.model", "generation_config.json", "added_tokens.json"};
+constexpr const char* kTokenizerFiles[] = {"vocab.json",
+                                           "merges.txt",
+                                           "tokenizer.json",
+                                           "tokenizer_config.json",
+                                           "special_tokens_map.json",
+                                           "tokenizer.model",
+                                           "generation_config.json",
+                                           "added_tokens.json"};
 
 absl::Status CopyTokenizerFiles(const fs::path& from, const fs::path& to) {
   std::error_code error;
@@ -30,7 +35,8 @@ absl::Status CopyTokenizerFiles(const fs::path& from, const fs::path& to) {
   for (const char* name : kTokenizerFiles) {
     if (!fs::exists(from / name)) continue;
     fs::copy_file(from / name, to / name, fs::copy_options::overwrite_existing, error);
-    if (error) return absl::InternalError(Cat((to / name).string(), ": copy failed: ", error.message()));
+    if (error)
+      return absl::InternalError(Cat((to / name).string(), ": copy failed: ", error.message()));
     ++copied;
   }
   if (copied == 0) {
@@ -63,7 +69,8 @@ class HfSource : public FullTensorSource {
     source->files_ = *std::move(files);
     std::string prefix = "transformer.";
     if (source->info_.architecture == HfArchitecture::kGpt2 &&
-        !source->files_->Contains("transformer.wte.weight") && source->files_->Contains("wte.weight")) {
+        !source->files_->Contains("transformer.wte.weight") &&
+        source->files_->Contains("wte.weight")) {
       prefix = "";
     }
     source->mappings_ = HfMappings(source->info_.architecture, source->info_.config, prefix);
@@ -82,7 +89,8 @@ class HfSource : public FullTensorSource {
     }
     const std::string& name = target.tied_to.empty() ? target.name : target.tied_to;
     auto it = by_megatron_.find(name);
-    if (it == by_megatron_.end()) return absl::NotFoundError(Cat("no HF tensor maps to '", name, "'"));
+    if (it == by_megatron_.end())
+      return absl::NotFoundError(Cat("no HF tensor maps to '", name, "'"));
     const HfMapping& mapping = mappings_[it->second];
     std::vector<TensorView> views;
     std::vector<std::span<const std::byte>> spans;
@@ -109,22 +117,22 @@ class HfSource : public FullTensorSource {
         if (!view.ok()) return view.status();
         std::vector<int64_t> shape(view->info->shape.begin(), view->info->shape.end());
         if (shape != tensor.shape) {
-          return absl::InvalidArgumentError(Cat(dir, ": '", tensor.name, "' has shape [",
-                                                absl::StrJoin(shape, ","), "], config.json implies [",
-                                                absl::StrJoin(tensor.shape, ","), "]"));
+          return absl::InvalidArgumentError(
+              Cat(dir, ": '", tensor.name, "' has shape [", absl::StrJoin(shape, ","),
+                  "], config.json implies [", absl::StrJoin(tensor.shape, ","), "]"));
         }
         if (!dtype) dtype = view->info->dtype;
         if (view->info->dtype != *dtype) {
-          return absl::InvalidArgumentError(Cat(dir, ": '", tensor.name, "' is ",
-                                                DTypeName(view->info->dtype), " but others are ",
-                                                DTypeName(*dtype), "; mixed dtypes are not supported"));
+          return absl::InvalidArgumentError(
+              Cat(dir, ": '", tensor.name, "' is ", DTypeName(view->info->dtype),
+                  " but others are ", DTypeName(*dtype), "; mixed dtypes are not supported"));
         }
         used.insert(tensor.name);
       }
     }
     if (*dtype != DType::kF32 && *dtype != DType::kBF16 && *dtype != DType::kF16) {
-      return absl::InvalidArgumentError(Cat(dir, ": tensors are ", DTypeName(*dtype),
-                                            "; expected F32, BF16 or F16"));
+      return absl::InvalidArgumentError(
+          Cat(dir, ": tensors are ", DTypeName(*dtype), "; expected F32, BF16 or F16"));
     }
     info_.config.params_dtype = *dtype;
     for (const std::string& name : files_->Names()) {
@@ -146,11 +154,13 @@ class HfSource : public FullTensorSource {
 
 // Values HF keeps in config.json that a Megatron config has no field for travel in "args".
 std::string ArgsFromHf(const HfModelInfo& info) {
-  std::string args = Cat("{\"converted_from\": \"",
-                         info.architecture == HfArchitecture::kGpt2 ? "GPT2LMHeadModel" : "LlamaForCausalLM",
-                         "\"");
-  if (!info.bos_token_id_json.empty()) CatAppend(&args, ", \"hf_bos_token_id\": ", info.bos_token_id_json);
-  if (!info.eos_token_id_json.empty()) CatAppend(&args, ", \"hf_eos_token_id\": ", info.eos_token_id_json);
+  std::string args = Cat(
+      "{\"converted_from\": \"",
+      info.architecture == HfArchitecture::kGpt2 ? "GPT2LMHeadModel" : "LlamaForCausalLM", "\"");
+  if (!info.bos_token_id_json.empty())
+    CatAppend(&args, ", \"hf_bos_token_id\": ", info.bos_token_id_json);
+  if (!info.eos_token_id_json.empty())
+    CatAppend(&args, ", \"hf_eos_token_id\": ", info.eos_token_id_json);
   return args + "}";
 }
 
@@ -189,8 +199,8 @@ absl::Status ExportHfCheckpoint(const std::string& load_dir, const std::string& 
   std::vector<TensorSpec> specs;
   for (const HfMapping& mapping : mappings) {
     for (const HfTensor& tensor : mapping.hf) {
-      specs.push_back({tensor.name, metadata.config.params_dtype,
-                       {tensor.shape.begin(), tensor.shape.end()}});
+      specs.push_back(
+          {tensor.name, metadata.config.params_dtype, {tensor.shape.begin(), tensor.shape.end()}});
     }
   }
   auto writer = HfShardedWriter::Create(hf_dir, std::move(specs), options.max_shard_bytes);
@@ -214,8 +224,10 @@ absl::Status ExportHfCheckpoint(const std::string& load_dir, const std::string& 
   simdjson::dom::object args;
   if (parser.parse(metadata.args_json).get(args) == simdjson::SUCCESS) {
     simdjson::dom::element e;
-    if (args["hf_bos_token_id"].get(e) == simdjson::SUCCESS) info.bos_token_id_json = simdjson::minify(e);
-    if (args["hf_eos_token_id"].get(e) == simdjson::SUCCESS) info.eos_token_id_json = simdjson::minify(e);
+    if (args["hf_bos_token_id"].get(e) == simdjson::SUCCESS)
+      info.bos_token_id_json = simdjson::minify(e);
+    if (args["hf_eos_token_id"].get(e) == simdjson::SUCCESS)
+      info.eos_token_id_json = simdjson::minify(e);
   }
   if (auto s = WriteFileAtomically((fs::path(hf_dir) / "config.json").string(), HfConfigJson(info));
       !s.ok()) {

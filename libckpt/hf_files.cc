@@ -52,7 +52,8 @@ absl::StatusOr<std::unique_ptr<HfTensorFiles>> HfTensorFiles::Open(const std::st
     auto file = SafetensorsFile::Open((fs::path(dir) / kHfSingleFile).string());
     if (!file.ok()) {
       return absl::NotFoundError(Cat(dir, ": neither ", kHfIndexFile, " nor a readable ",
-                                     kHfSingleFile, " (", std::string(file.status().message()), ")"));
+                                     kHfSingleFile, " (", std::string(file.status().message()),
+                                     ")"));
     }
     for (const TensorInfo& info : (*file)->tensors()) files->file_of_[info.name] = 0;
     files->files_.push_back(*std::move(file));
@@ -66,7 +67,9 @@ absl::StatusOr<TensorView> HfTensorFiles::Get(std::string_view name) const {
   return files_[it->second]->Get(name);
 }
 
-bool HfTensorFiles::Contains(std::string_view name) const { return file_of_.contains(ToAbsl(name)); }
+bool HfTensorFiles::Contains(std::string_view name) const {
+  return file_of_.contains(ToAbsl(name));
+}
 
 void HfTensorFiles::Release(std::string_view name, const TensorView& view) const {
   auto it = file_of_.find(ToAbsl(name));
@@ -101,9 +104,9 @@ absl::StatusOr<std::unique_ptr<HfShardedWriter>> HfShardedWriter::Create(
   fs::create_directories(dir, error);
   if (error) return absl::InternalError(Cat(dir, ": cannot create: ", error.message()));
   for (size_t i = 0; i < shards.size(); ++i) {
-    std::string name = shards.size() == 1
-                           ? std::string(kHfSingleFile)
-                           : absl::StrFormat("model-%05d-of-%05d.safetensors", i + 1, shards.size());
+    std::string name = shards.size() == 1 ? std::string(kHfSingleFile)
+                                          : absl::StrFormat("model-%05d-of-%05d.safetensors", i + 1,
+                                                            shards.size());
     auto shard = SafetensorsWriter::Create((fs::path(dir) / name).string(), std::move(shards[i]));
     if (!shard.ok()) return shard.status();
     writer->shards_.push_back(*std::move(shard));
@@ -114,7 +117,8 @@ absl::StatusOr<std::unique_ptr<HfShardedWriter>> HfShardedWriter::Create(
 
 absl::Status HfShardedWriter::Write(std::string_view name, std::span<const std::byte> data) {
   auto it = shard_of_.find(ToAbsl(name));
-  if (it == shard_of_.end()) return absl::InvalidArgumentError(Cat("'", name, "' was not declared"));
+  if (it == shard_of_.end())
+    return absl::InvalidArgumentError(Cat("'", name, "' was not declared"));
   return shards_[it->second]->Write(name, data);
 }
 
@@ -129,8 +133,8 @@ absl::Status HfShardedWriter::Finish() {
     return absl::OkStatus();
   }
   std::map<std::string, size_t> sorted(shard_of_.begin(), shard_of_.end());
-  std::string json = Cat("{\n  \"metadata\": {\n    \"total_size\": ", total_size_,
-                         "\n  },\n  \"weight_map\": {");
+  std::string json =
+      Cat("{\n  \"metadata\": {\n    \"total_size\": ", total_size_, "\n  },\n  \"weight_map\": {");
   bool first = true;
   for (const auto& [name, shard] : sorted) {
     CatAppend(&json, first ? "\n" : ",\n", "    ", JsonQuote(name), ": ",

@@ -14,30 +14,41 @@ std::vector<HfMapping> HfMappings(HfArchitecture architecture, const ModelConfig
   std::vector<HfMapping> m;
   if (architecture == HfArchitecture::kGpt2) {
     const std::string& p = gpt2_prefix;
-    m.push_back({"embedding.word_embeddings.weight", {{p + "wte.weight", {v, h}}}, HfTransform::kVocabRows});
+    m.push_back({"embedding.word_embeddings.weight",
+                 {{p + "wte.weight", {v, h}}},
+                 HfTransform::kVocabRows});
     m.push_back({"embedding.position_embeddings.weight",
-                 {{p + "wpe.weight", {c.max_position_embeddings, h}}}, HfTransform::kCopy});
+                 {{p + "wpe.weight", {c.max_position_embeddings, h}}},
+                 HfTransform::kCopy});
     for (int i = 0; i < c.num_layers; ++i) {
       const std::string mg = absl::StrFormat("decoder.layers.%d.", i);
       const std::string hf = absl::StrFormat("%sh.%d.", p, i);
       m.push_back({mg + "input_layernorm.weight", {{hf + "ln_1.weight", {h}}}, HfTransform::kCopy});
       m.push_back({mg + "input_layernorm.bias", {{hf + "ln_1.bias", {h}}}, HfTransform::kCopy});
-      m.push_back({mg + "self_attention.linear_qkv.weight", {{hf + "attn.c_attn.weight", {h, 3 * h}}},
+      m.push_back({mg + "self_attention.linear_qkv.weight",
+                   {{hf + "attn.c_attn.weight", {h, 3 * h}}},
                    HfTransform::kFusedQkv});
-      m.push_back({mg + "self_attention.linear_qkv.bias", {{hf + "attn.c_attn.bias", {3 * h}}},
+      m.push_back({mg + "self_attention.linear_qkv.bias",
+                   {{hf + "attn.c_attn.bias", {3 * h}}},
                    HfTransform::kFusedQkv});
-      m.push_back({mg + "self_attention.linear_proj.weight", {{hf + "attn.c_proj.weight", {h, h}}},
+      m.push_back({mg + "self_attention.linear_proj.weight",
+                   {{hf + "attn.c_proj.weight", {h, h}}},
                    HfTransform::kTranspose});
-      m.push_back({mg + "self_attention.linear_proj.bias", {{hf + "attn.c_proj.bias", {h}}},
+      m.push_back({mg + "self_attention.linear_proj.bias",
+                   {{hf + "attn.c_proj.bias", {h}}},
                    HfTransform::kCopy});
-      m.push_back({mg + "pre_mlp_layernorm.weight", {{hf + "ln_2.weight", {h}}}, HfTransform::kCopy});
+      m.push_back(
+          {mg + "pre_mlp_layernorm.weight", {{hf + "ln_2.weight", {h}}}, HfTransform::kCopy});
       m.push_back({mg + "pre_mlp_layernorm.bias", {{hf + "ln_2.bias", {h}}}, HfTransform::kCopy});
-      m.push_back({mg + "mlp.linear_fc1.weight", {{hf + "mlp.c_fc.weight", {h, f}}},
+      m.push_back({mg + "mlp.linear_fc1.weight",
+                   {{hf + "mlp.c_fc.weight", {h, f}}},
                    HfTransform::kTranspose});
       m.push_back({mg + "mlp.linear_fc1.bias", {{hf + "mlp.c_fc.bias", {f}}}, HfTransform::kCopy});
-      m.push_back({mg + "mlp.linear_fc2.weight", {{hf + "mlp.c_proj.weight", {f, h}}},
+      m.push_back({mg + "mlp.linear_fc2.weight",
+                   {{hf + "mlp.c_proj.weight", {f, h}}},
                    HfTransform::kTranspose});
-      m.push_back({mg + "mlp.linear_fc2.bias", {{hf + "mlp.c_proj.bias", {h}}}, HfTransform::kCopy});
+      m.push_back(
+          {mg + "mlp.linear_fc2.bias", {{hf + "mlp.c_proj.bias", {h}}}, HfTransform::kCopy});
     }
     m.push_back({"decoder.final_layernorm.weight", {{p + "ln_f.weight", {h}}}, HfTransform::kCopy});
     m.push_back({"decoder.final_layernorm.bias", {{p + "ln_f.bias", {h}}}, HfTransform::kCopy});
@@ -46,26 +57,31 @@ std::vector<HfMapping> HfMappings(HfArchitecture architecture, const ModelConfig
     }
     return m;
   }
-  m.push_back({"embedding.word_embeddings.weight", {{"model.embed_tokens.weight", {v, h}}},
+  m.push_back({"embedding.word_embeddings.weight",
+               {{"model.embed_tokens.weight", {v, h}}},
                HfTransform::kVocabRows});
   for (int i = 0; i < c.num_layers; ++i) {
     const std::string mg = absl::StrFormat("decoder.layers.%d.", i);
     const std::string hf = absl::StrFormat("model.layers.%d.", i);
-    m.push_back({mg + "input_layernorm.weight", {{hf + "input_layernorm.weight", {h}}},
+    m.push_back({mg + "input_layernorm.weight",
+                 {{hf + "input_layernorm.weight", {h}}},
                  HfTransform::kCopy});
     m.push_back({mg + "self_attention.linear_qkv.weight",
                  {{hf + "self_attn.q_proj.weight", {q_rows, h}},
                   {hf + "self_attn.k_proj.weight", {kv_rows, h}},
                   {hf + "self_attn.v_proj.weight", {kv_rows, h}}},
                  HfTransform::kSplitQkv});
-    m.push_back({mg + "self_attention.linear_proj.weight", {{hf + "self_attn.o_proj.weight", {h, q_rows}}},
+    m.push_back({mg + "self_attention.linear_proj.weight",
+                 {{hf + "self_attn.o_proj.weight", {h, q_rows}}},
                  HfTransform::kCopy});
-    m.push_back({mg + "pre_mlp_layernorm.weight", {{hf + "post_attention_layernorm.weight", {h}}},
+    m.push_back({mg + "pre_mlp_layernorm.weight",
+                 {{hf + "post_attention_layernorm.weight", {h}}},
                  HfTransform::kCopy});
     m.push_back({mg + "mlp.linear_fc1.weight",
                  {{hf + "mlp.gate_proj.weight", {f, h}}, {hf + "mlp.up_proj.weight", {f, h}}},
                  HfTransform::kSwiglu});
-    m.push_back({mg + "mlp.linear_fc2.weight", {{hf + "mlp.down_proj.weight", {h, f}}},
+    m.push_back({mg + "mlp.linear_fc2.weight",
+                 {{hf + "mlp.down_proj.weight", {h, f}}},
                  HfTransform::kCopy});
   }
   m.push_back({"decoder.final_layernorm.weight", {{"model.norm.weight", {h}}}, HfTransform::kCopy});

@@ -14,12 +14,12 @@
 namespace leantron::ckpt {
 
 enum class HfTransform {
-  kCopy,        // Same tensor.
-  kVocabRows,   // Same tensor; Megatron pads the vocabulary rows, HF holds the true vocabulary.
-  kTranspose,   // GPT-2 Conv1D weights are stored [in, out]; Megatron's are [out, in].
-  kFusedQkv,    // GPT-2 c_attn: [in, Q | K | V] (bias [Q | K | V]) <-> grouped [np, 3, hn] rows.
-  kSplitQkv,    // Llama q_proj, k_proj, v_proj <-> grouped [ng, np/ng + 2, hn] rows.
-  kSwiglu,      // Llama gate_proj, up_proj <-> linear_fc1 = [gate; up].
+  kCopy,       // Same tensor.
+  kVocabRows,  // Same tensor; Megatron pads the vocabulary rows, HF holds the true vocabulary.
+  kTranspose,  // GPT-2 Conv1D weights are stored [in, out]; Megatron's are [out, in].
+  kFusedQkv,   // GPT-2 c_attn: [in, Q | K | V] (bias [Q | K | V]) <-> grouped [np, 3, hn] rows.
+  kSplitQkv,   // Llama q_proj, k_proj, v_proj <-> grouped [ng, np/ng + 2, hn] rows.
+  kSwiglu,     // Llama gate_proj, up_proj <-> linear_fc1 = [gate; up].
 };
 
 struct HfTensor {
@@ -28,8 +28,8 @@ struct HfTensor {
 };
 
 struct HfMapping {
-  std::string megatron;       // Megatron-Core name (global layer index).
-  std::vector<HfTensor> hf;   // 1 tensor, or q/k/v, or gate/up.
+  std::string megatron;      // Megatron-Core name (global layer index).
+  std::vector<HfTensor> hf;  // 1 tensor, or q/k/v, or gate/up.
   HfTransform transform;
 };
 

@@ -13,11 +13,16 @@ namespace {
 
 const char* SplitName(TpSplit split) {
   switch (split) {
-    case TpSplit::kReplicated: return "replicated";
-    case TpSplit::kRows: return "rows";
-    case TpSplit::kColumns: return "columns";
-    case TpSplit::kSwigluRows: return "swiglu-rows";
-    case TpSplit::kVocabRows: return "vocab-rows";
+    case TpSplit::kReplicated:
+      return "replicated";
+    case TpSplit::kRows:
+      return "rows";
+    case TpSplit::kColumns:
+      return "columns";
+    case TpSplit::kSwigluRows:
+      return "swiglu-rows";
+    case TpSplit::kVocabRows:
+      return "vocab-rows";
   }
   return "";
 }
@@ -47,11 +52,13 @@ absl::Status PrintCheckpointSummary(const std::string& checkpoint_dir,
       "model: %d layers, hidden %d, ffn %d, %d heads / %d query groups (head dim %d), vocab %d "
       "(padded %d), %s, %s, %s positions%s, %s embeddings, params %s\n",
       c.num_layers, c.hidden_size, c.ffn_hidden_size, c.num_attention_heads, c.num_query_groups,
-      c.kv_channels, c.vocab_size, layout.padded_vocab_size(), ToAbsl(NormTypeName(c.normalization)),
-      ToAbsl(ActivationName(c.activation)), ToAbsl(PositionEmbeddingName(c.position_embedding_type)),
+      c.kv_channels, c.vocab_size, layout.padded_vocab_size(),
+      ToAbsl(NormTypeName(c.normalization)), ToAbsl(ActivationName(c.activation)),
+      ToAbsl(PositionEmbeddingName(c.position_embedding_type)),
       c.add_bias_linear ? ", biases" : ", no biases",
       c.untie_embeddings_and_output_weights ? "untied" : "tied", ToAbsl(DTypeName(c.params_dtype)));
-  out << absl::StrFormat("layout: TP=%d PP=%d VPP=%d\n", m.parallel.tp, m.parallel.pp, m.parallel.vpp);
+  out << absl::StrFormat("layout: TP=%d PP=%d VPP=%d\n", m.parallel.tp, m.parallel.pp,
+                         m.parallel.vpp);
   for (int pp = 0; pp < m.parallel.pp; ++pp) {
     std::vector<std::string> chunks;
     for (int v = 0; v < m.parallel.vpp; ++v) {

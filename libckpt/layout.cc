@@ -24,16 +24,16 @@ absl::StatusOr<ModelLayout> ModelLayout::Create(const ModelConfig& config,
   const ModelConfig& c = config;
   const ParallelConfig& p = parallel;
   auto refuse = [&](std::string why) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("layout TP=%d PP=%d VPP=%d is impossible for this model: %s", p.tp, p.pp,
-                        p.vpp, why));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "layout TP=%d PP=%d VPP=%d is impossible for this model: %s", p.tp, p.pp, p.vpp, why));
   };
   if (p.tp < 1 || p.pp < 1 || p.vpp < 1) return refuse("sizes must be at least 1");
   if (c.num_attention_heads % p.tp != 0) {
     return refuse(Cat(c.num_attention_heads, " attention heads are not divisible by TP ", p.tp));
   }
   if (c.num_query_groups % p.tp != 0) {
-    return refuse(Cat(c.num_query_groups, " query groups (KV heads) are not divisible by TP ", p.tp));
+    return refuse(
+        Cat(c.num_query_groups, " query groups (KV heads) are not divisible by TP ", p.tp));
   }
   if (c.ffn_hidden_size % p.tp != 0) {
     return refuse(Cat("ffn_hidden_size ", c.ffn_hidden_size, " is not divisible by TP ", p.tp));
@@ -53,10 +53,16 @@ absl::StatusOr<ModelLayout> ModelLayout::Create(const ModelConfig& config,
   const int last_chunk = p.vpp - 1;
   const bool norm_bias = c.has_norm_bias();
 
-  layout.AddParam({"embedding.word_embeddings.weight", {vpad, h}, TpSplit::kVocabRows, -1, 0, 0, ""});
+  layout.AddParam(
+      {"embedding.word_embeddings.weight", {vpad, h}, TpSplit::kVocabRows, -1, 0, 0, ""});
   if (c.position_embedding_type == PositionEmbedding::kLearnedAbsolute) {
-    layout.AddParam(
-        {"embedding.position_embeddings.weight", {c.max_position_embeddings, h}, TpSplit::kReplicated, -1, 0, 0, ""});
+    layout.AddParam({"embedding.position_embeddings.weight",
+                     {c.max_position_embeddings, h},
+                     TpSplit::kReplicated,
+                     -1,
+                     0,
+                     0,
+                     ""});
   }
   const int64_t qkv_rows = (c.num_attention_heads + 2 * c.num_query_groups) * c.kv_channels;
   const int64_t attn_width = c.num_attention_heads * c.kv_channels;
@@ -64,7 +70,8 @@ absl::StatusOr<ModelLayout> ModelLayout::Create(const ModelConfig& config,
   const TpSplit fc1_split = c.swiglu() ? TpSplit::kSwigluRows : TpSplit::kRows;
   const int per_chunk = layout.LayersPerChunk();
   for (int i = 0; i < c.num_layers; ++i) {
-    const int chunk = i / per_chunk;  // Model chunk c lives on stage c % pp as virtual chunk c / pp.
+    const int chunk =
+        i / per_chunk;  // Model chunk c lives on stage c % pp as virtual chunk c / pp.
     const int stage = chunk % p.pp;
     const int vchunk = chunk / p.pp;
     const std::string prefix = absl::StrFormat("decoder.layers.%d.", i);
@@ -84,11 +91,21 @@ absl::StatusOr<ModelLayout> ModelLayout::Create(const ModelConfig& config,
     add("mlp.linear_fc2.weight", {h, c.ffn_hidden_size}, TpSplit::kColumns);
     if (c.add_bias_linear) add("mlp.linear_fc2.bias", {h}, TpSplit::kReplicated);
   }
-  layout.AddParam({"decoder.final_layernorm.weight", {h}, TpSplit::kReplicated, -1, last_stage,
-                   last_chunk, ""});
+  layout.AddParam({"decoder.final_layernorm.weight",
+                   {h},
+                   TpSplit::kReplicated,
+                   -1,
+                   last_stage,
+                   last_chunk,
+                   ""});
   if (norm_bias) {
-    layout.AddParam({"decoder.final_layernorm.bias", {h}, TpSplit::kReplicated, -1, last_stage,
-                     last_chunk, ""});
+    layout.AddParam({"decoder.final_layernorm.bias",
+                     {h},
+                     TpSplit::kReplicated,
+                     -1,
+                     last_stage,
+                     last_chunk,
+                     ""});
   }
   if (c.untie_embeddings_and_output_weights) {
     layout.AddParam(
@@ -96,8 +113,13 @@ absl::StatusOr<ModelLayout> ModelLayout::Create(const ModelConfig& config,
   } else if (p.pp > 1) {
     // Megatron keeps a copy of the tied embedding on the last stage (its gradients are all-reduced
     // with the first stage's, so the two stay equal).
-    layout.AddParam({"output_layer.weight", {vpad, h}, TpSplit::kVocabRows, -1, last_stage,
-                     last_chunk, "embedding.word_embeddings.weight"});
+    layout.AddParam({"output_layer.weight",
+                     {vpad, h},
+                     TpSplit::kVocabRows,
+                     -1,
+                     last_stage,
+                     last_chunk,
+                     "embedding.word_embeddings.weight"});
   }
   return layout;
 }
@@ -132,9 +154,12 @@ std::pair<int, int> ModelLayout::StageLayers(int pp_rank, int virtual_chunk) con
 
 int ModelLayout::SplitDim(const ParamSpec& spec) {
   switch (spec.split) {
-    case TpSplit::kReplicated: return -1;
-    case TpSplit::kColumns: return 1;
-    default: return 0;
+    case TpSplit::kReplicated:
+      return -1;
+    case TpSplit::kColumns:
+      return 1;
+    default:
+      return 0;
   }
 }
 
@@ -163,8 +188,8 @@ namespace {
 
 // Shared by extract and insert: walks the (outer, piece) runs of contiguous bytes.
 template <typename Fn>
-void ForEachRun(const ModelLayout& layout, const ParamSpec& spec, int tp_rank,
-                size_t element_size, Fn&& fn) {
+void ForEachRun(const ModelLayout& layout, const ParamSpec& spec, int tp_rank, size_t element_size,
+                Fn&& fn) {
   const int dim = ModelLayout::SplitDim(spec);
   if (dim < 0) {
     fn(0, 0, static_cast<size_t>(NumElements(spec.shape)) * element_size);

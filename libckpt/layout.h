@@ -36,10 +36,10 @@ struct ParamSpec {
   std::string name;            // Megatron-Core name, global layer index.
   std::vector<int64_t> shape;  // Full (TP-merged) shape; vocab rows padded for this layout.
   TpSplit split = TpSplit::kReplicated;
-  int layer = -1;          // Global layer index, -1 outside the decoder layers.
-  int stage = 0;           // Pipeline rank holding it.
-  int virtual_chunk = 0;   // Model chunk on that stage.
-  std::string tied_to;     // Set for a stored copy of another parameter (tied output layer, PP > 1).
+  int layer = -1;         // Global layer index, -1 outside the decoder layers.
+  int stage = 0;          // Pipeline rank holding it.
+  int virtual_chunk = 0;  // Model chunk on that stage.
+  std::string tied_to;    // Set for a stored copy of another parameter (tied output layer, PP > 1).
 };
 
 // A run of indices along the split dimension: full-tensor [begin, begin + count).

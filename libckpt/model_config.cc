@@ -57,10 +57,12 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
     if (v <= 0) return absl::InvalidArgumentError(Cat("model config: ", name, " must be positive"));
     return absl::OkStatus();
   };
-  for (auto [v, name] : {std::pair{c.num_layers, "num_layers"}, {c.hidden_size, "hidden_size"},
+  for (auto [v, name] : {std::pair{c.num_layers, "num_layers"},
+                         {c.hidden_size, "hidden_size"},
                          {c.ffn_hidden_size, "ffn_hidden_size"},
                          {c.num_attention_heads, "num_attention_heads"},
-                         {c.num_query_groups, "num_query_groups"}, {c.kv_channels, "kv_channels"},
+                         {c.num_query_groups, "num_query_groups"},
+                         {c.kv_channels, "kv_channels"},
                          {c.vocab_size, "vocab_size"},
                          {c.make_vocab_size_divisible_by, "make_vocab_size_divisible_by"}}) {
     if (auto s = positive(v, name); !s.ok()) return s;
@@ -85,9 +87,12 @@ std::string_view NormTypeName(NormType type) {
 
 std::string_view ActivationName(Activation activation) {
   switch (activation) {
-    case Activation::kGelu: return "gelu";
-    case Activation::kGeluTanh: return "gelu_tanh";
-    case Activation::kSwiGLU: return "swiglu";
+    case Activation::kGelu:
+      return "gelu";
+    case Activation::kGeluTanh:
+      return "gelu_tanh";
+    case Activation::kSwiGLU:
+      return "swiglu";
   }
   return "";
 }
@@ -136,11 +141,13 @@ absl::StatusOr<ModelConfig> ModelConfigFromJson(std::string_view json) {
   }
   ModelConfig c;
   std::string_view norm, activation, position, dtype;
-  for (auto [key, out] : {std::pair{"num_layers", &c.num_layers}, {"hidden_size", &c.hidden_size},
+  for (auto [key, out] : {std::pair{"num_layers", &c.num_layers},
+                          {"hidden_size", &c.hidden_size},
                           {"ffn_hidden_size", &c.ffn_hidden_size},
                           {"num_attention_heads", &c.num_attention_heads},
                           {"num_query_groups", &c.num_query_groups},
-                          {"kv_channels", &c.kv_channels}, {"vocab_size", &c.vocab_size},
+                          {"kv_channels", &c.kv_channels},
+                          {"vocab_size", &c.vocab_size},
                           {"max_position_embeddings", &c.max_position_embeddings},
                           {"make_vocab_size_divisible_by", &c.make_vocab_size_divisible_by}}) {
     if (auto s = Field(object, key, out); !s.ok()) return s;

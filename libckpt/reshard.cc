@@ -16,8 +16,8 @@ absl::StatusOr<RankState> LoadRankState(const std::string& checkpoint_dir,
   auto layout = ModelLayout::Create((*reader)->metadata().config, target);
   if (!layout.ok()) return layout.status();
   if (tp_rank < 0 || tp_rank >= target.tp || pp_rank < 0 || pp_rank >= target.pp) {
-    return absl::InvalidArgumentError(Cat("rank (tp ", tp_rank, ", pp ", pp_rank,
-                                          ") is outside the target layout"));
+    return absl::InvalidArgumentError(
+        Cat("rank (tp ", tp_rank, ", pp ", pp_rank, ") is outside the target layout"));
   }
   RankState state;
   state.metadata = (*reader)->metadata();

@@ -22,7 +22,7 @@ struct NamedTensor {
 
 // One (tp, pp) rank's share of a checkpoint in a target layout: what a trainer rank loads.
 struct RankState {
-  CheckpointMetadata metadata;  // The saved metadata with `parallel` set to the target layout.
+  CheckpointMetadata metadata;      // The saved metadata with `parallel` set to the target layout.
   std::vector<NamedTensor> params;  // ModelLayout::StageParams order; tied copies included.
   // Empty when the checkpoint has no optimizer state; else same order as params.
   std::vector<NamedTensor> main_params, exp_avg, exp_avg_sq;

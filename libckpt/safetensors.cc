@@ -31,8 +31,7 @@ absl::StatusOr<uint64_t> ReadUint(simdjson::dom::element value, std::string_view
                                   std::string_view tensor, std::string_view field) {
   uint64_t out;
   if (value.get_uint64().get(out) != simdjson::SUCCESS) {
-    return InvalidTensor(source, tensor,
-                         Cat("'", field, "' must hold non-negative integers"));
+    return InvalidTensor(source, tensor, Cat("'", field, "' must hold non-negative integers"));
   }
   return out;
 }
@@ -103,7 +102,7 @@ absl::Status ValidateExtents(std::vector<TensorInfo>& tensors, uint64_t buffer_s
       return InvalidTensor(
           source, info.name,
           Cat("data_offsets [", info.begin, ", ", info.end, ") do not follow the previous ",
-                       "tensor (expected begin ", cursor, "): hole, overlap or end < begin"));
+              "tensor (expected begin ", cursor, "): hole, overlap or end < begin"));
     }
     cursor = info.end;
     uint64_t elements = 1;
@@ -122,12 +121,12 @@ absl::Status ValidateExtents(std::vector<TensorInfo>& tensors, uint64_t buffer_s
     if (bits / 8 != info.end - info.begin) {
       return InvalidTensor(source, info.name,
                            Cat("holds ", info.end - info.begin, " bytes but ",
-                                        DTypeName(info.dtype), " with this shape needs ", bits / 8));
+                               DTypeName(info.dtype), " with this shape needs ", bits / 8));
     }
   }
   if (cursor != buffer_size) {
     return Invalid(source, Cat("tensors cover ", cursor, " bytes of a ", buffer_size,
-                                        "-byte data buffer (trailing or missing bytes)"));
+                               "-byte data buffer (trailing or missing bytes)"));
   }
   return absl::OkStatus();
 }
@@ -147,11 +146,11 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(std::span<const std::by
   for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | static_cast<uint8_t>(file[i]);
   if (header_size > kMaxSafetensorsHeaderSize) {
     return Invalid(source, Cat("header length ", header_size, " exceeds the limit of ",
-                                        kMaxSafetensorsHeaderSize));
+                               kMaxSafetensorsHeaderSize));
   }
   if (8 + header_size > file.size()) {
     return Invalid(source, Cat("header length ", header_size, " runs past the end of the ",
-                                        file.size(), "-byte file"));
+                               file.size(), "-byte file"));
   }
   const char* text = reinterpret_cast<const char*>(file.data() + 8);
   if (!simdjson::validate_utf8(text, header_size)) {
@@ -185,8 +184,7 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(std::span<const std::by
       for (auto entry : metadata) {
         std::string_view value;
         if (entry.value.get_string().get(value) != simdjson::SUCCESS) {
-          return Invalid(source, Cat("__metadata__ value for '", entry.key,
-                                              "' is not a string"));
+          return Invalid(source, Cat("__metadata__ value for '", entry.key, "' is not a string"));
         }
         header.metadata.emplace_back(std::string(entry.key), std::string(value));
       }

@@ -8,9 +8,9 @@
 #include <cstring>
 #include <numeric>
 
-#include "libckpt/strings.h"
 #include "absl/strings/str_join.h"
 #include "libckpt/file_util.h"
+#include "libckpt/strings.h"
 
 namespace leantron::ckpt {
 namespace {
@@ -66,8 +66,8 @@ std::string BuildSafetensorsHeader(const std::vector<TensorSpec>& tensors,
     (*offsets)[index] = cursor;
     uint64_t end = cursor + spec.num_bytes();
     CatAppend(&json, first ? "" : ",", JsonQuote(spec.name), ":{\"dtype\":\"",
-                    DTypeName(spec.dtype), "\",\"shape\":[", absl::StrJoin(spec.shape, ","),
-                    "],\"data_offsets\":[", cursor, ",", end, "]}");
+              DTypeName(spec.dtype), "\",\"shape\":[", absl::StrJoin(spec.shape, ","),
+              "],\"data_offsets\":[", cursor, ",", end, "]}");
     first = false;
     cursor = end;
   }
@@ -84,7 +84,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (DTypeSize(tensors[i].dtype) == 0) {
       return absl::InvalidArgumentError(Cat(writer->path_, ": tensor '", tensors[i].name,
-                                                     "': sub-byte dtypes cannot be written"));
+                                            "': sub-byte dtypes cannot be written"));
     }
     if (tensors[i].name == "__metadata__" || !writer->index_.emplace(tensors[i].name, i).second) {
       return absl::InvalidArgumentError(
@@ -97,8 +97,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
   writer->written_.assign(writer->tensors_.size(), false);
   writer->fd_ = ::open(writer->temp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (writer->fd_ < 0) {
-    return absl::InternalError(
-        Cat(writer->temp_path_, ": cannot create: ", std::strerror(errno)));
+    return absl::InternalError(Cat(writer->temp_path_, ": cannot create: ", std::strerror(errno)));
   }
   std::byte length[8];
   uint64_t n = header.size();
@@ -134,7 +133,7 @@ absl::Status SafetensorsWriter::Write(std::string_view name, std::span<const std
   }
   if (data.size() != tensors_[i].num_bytes()) {
     return absl::InvalidArgumentError(Cat(path_, ": tensor '", name, "' has ", data.size(),
-                                                   " bytes, expected ", tensors_[i].num_bytes()));
+                                          " bytes, expected ", tensors_[i].num_bytes()));
   }
   if (auto s = PwriteAll(fd_, data.data(), data.size(), data_start_ + offsets_[i], temp_path_);
       !s.ok()) {

@@ -1,6 +1,7 @@
 // Streaming, atomic safetensors writer. The full tensor list is declared up front (the header holds
-// every offset), then tensor data arrives one tensor at a time, in any order, so a caller never holds
-// more than the tensor it is writing. The file appears under its final name only after Finish().
+// every offset), then tensor data arrives one tensor at a time, in any order, so a caller never
+// holds more than the tensor it is writing. The file appears under its final name only after
+// Finish().
 #pragma once
 
 #include <cstddef>
@@ -38,9 +39,10 @@ std::string BuildSafetensorsHeader(const std::vector<TensorSpec>& tensors,
 class SafetensorsWriter {
  public:
   // Creates `path`.tmp and writes the header. Names must be unique.
-  static absl::StatusOr<std::unique_ptr<SafetensorsWriter>> Create(
-      std::string path, std::vector<TensorSpec> tensors,
-      SafetensorsMetadata metadata = {{"format", "pt"}});
+  static absl::StatusOr<std::unique_ptr<SafetensorsWriter>> Create(std::string path,
+                                                                   std::vector<TensorSpec> tensors,
+                                                                   SafetensorsMetadata metadata = {
+                                                                       {"format", "pt"}});
   ~SafetensorsWriter();  // Removes the temporary file unless Finish() succeeded.
   SafetensorsWriter(const SafetensorsWriter&) = delete;
   SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;

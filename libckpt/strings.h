@@ -1,5 +1,5 @@
-// Debian's Abseil is built with its own absl::string_view (not std::string_view), so StrCat does not
-// take std::string_view. Cat() adapts the arguments and forwards to absl::StrCat.
+// Debian's Abseil is built with its own absl::string_view (not std::string_view), so StrCat does
+// not take std::string_view. Cat() adapts the arguments and forwards to absl::StrCat.
 #pragma once
 
 #include <string>

@@ -22,7 +22,8 @@ namespace fs = std::filesystem;
 // Value of full-tensor element `index` of parameter `name` for `kind`: a hash, so any misplaced
 // row or column shows. Padded vocabulary rows are zero, as a reshard would produce.
 float Value(const std::string& name, TensorKind kind, int64_t index) {
-  uint64_t h = std::hash<std::string>{}(name) ^ (static_cast<uint64_t>(kind) * 0x9e3779b97f4a7c15ull);
+  uint64_t h =
+      std::hash<std::string>{}(name) ^ (static_cast<uint64_t>(kind) * 0x9e3779b97f4a7c15ull);
   h ^= static_cast<uint64_t>(index) * 0xbf58476d1ce4e5b9ull;
   h ^= h >> 31;
   h *= 0x94d049bb133111ebull;
@@ -52,8 +53,8 @@ class SyntheticSource : public FullTensorSource {
 };
 
 // Expected shard element, written from the split rules directly (not via ModelLayout).
-float ExpectedShardValue(const ParamSpec& spec, TensorKind kind, int tp, int tp_rank,
-                         int64_t vocab, int64_t local_index) {
+float ExpectedShardValue(const ParamSpec& spec, TensorKind kind, int tp, int tp_rank, int64_t vocab,
+                         int64_t local_index) {
   const std::string& name = spec.tied_to.empty() ? spec.name : spec.tied_to;
   const int64_t cols = spec.shape.size() == 2 ? spec.shape[1] : 1;
   int64_t row, col;
@@ -96,7 +97,8 @@ class CheckpointTest : public ::testing::Test {
 
   std::string Dir(const std::string& name) { return (root_ / name).string(); }
 
-  CheckpointMetadata Metadata(const ModelConfig& config, ParallelConfig parallel, int64_t iteration) {
+  CheckpointMetadata Metadata(const ModelConfig& config, ParallelConfig parallel,
+                              int64_t iteration) {
     CheckpointMetadata m;
     m.config = config;
     m.parallel = parallel;
@@ -109,7 +111,8 @@ class CheckpointTest : public ::testing::Test {
   }
 
   // Every rank of `parallel` loaded from `dir` matches the synthetic values exactly.
-  void ExpectRanksMatch(const std::string& dir, const ModelConfig& config, ParallelConfig parallel) {
+  void ExpectRanksMatch(const std::string& dir, const ModelConfig& config,
+                        ParallelConfig parallel) {
     auto layout = ModelLayout::Create(config, parallel);
     ASSERT_TRUE(layout.ok());
     for (int pp = 0; pp < parallel.pp; ++pp) {
@@ -132,8 +135,8 @@ class CheckpointTest : public ::testing::Test {
             const auto* values = reinterpret_cast<const float*>(got.tensor.data.data());
             const int64_t n = NumElements(got.tensor.shape);
             for (int64_t j = 0; j < n; ++j) {
-              ASSERT_EQ(values[j], ExpectedShardValue(*stage[i], kind, parallel.tp, tp,
-                                                      config.vocab_size, j))
+              ASSERT_EQ(values[j],
+                        ExpectedShardValue(*stage[i], kind, parallel.tp, tp, config.vocab_size, j))
                   << got.name << " kind " << static_cast<int>(kind) << " tp " << tp << " pp " << pp
                   << " element " << j;
             }
@@ -203,7 +206,8 @@ TEST_F(CheckpointTest, LoadRefusesIncompleteOrInconsistentCheckpoints) {
                   .ok());
   auto incomplete = CheckpointReader::Open(Dir("e"), std::nullopt);
   ASSERT_FALSE(incomplete.ok());
-  EXPECT_NE(incomplete.status().message().find("is missing"), std::string::npos) << incomplete.status();
+  EXPECT_NE(incomplete.status().message().find("is missing"), std::string::npos)
+      << incomplete.status();
   fs::rename(shard + ".bak", shard);
   EXPECT_TRUE(CheckpointReader::Open(Dir("e"), std::nullopt).ok());
   auto impossible = ReshardCheckpoint(Dir("e"), Dir("f"), {std::nullopt, {8, 1, 1}});

@@ -33,7 +33,8 @@ TEST(LayoutTest, Gpt2NamesAndShapes) {
   EXPECT_EQ(layout->Find("decoder.layers.0.mlp.linear_fc2.weight")->shape,
             (std::vector<int64_t>{768, 3072}));
   // gpt2 124M has 124,439,808 parameters with V = 50257 and 12 layers; here 2 layers + padding.
-  const int64_t per_layer = 4 * 768 + 768 * 2304 + 2304 + 768 * 768 + 768 + 2 * 768 * 3072 + 3072 + 768;
+  const int64_t per_layer =
+      4 * 768 + 768 * 2304 + 2304 + 768 * 768 + 768 + 2 * 768 * 3072 + 3072 + 768;
   EXPECT_EQ(total, 50304 * 768 + 1024 * 768 + 2 * per_layer + 2 * 768);
 }
 
@@ -61,15 +62,18 @@ TEST(LayoutTest, SwigluShardTakesGateAndUpBlocks) {
   std::vector<float> full(24 * 8);
   std::iota(full.begin(), full.end(), 0.0f);
   std::vector<float> shard(12 * 8);
-  layout->ExtractShard(*fc1, 1, 4, std::as_bytes(std::span(full)), std::as_writable_bytes(std::span(shard)));
+  layout->ExtractShard(*fc1, 1, 4, std::as_bytes(std::span(full)),
+                       std::as_writable_bytes(std::span(shard)));
   for (int r = 0; r < 12; ++r) {
     const int global_row = r < 6 ? 6 + r : 18 + (r - 6);
     for (int c = 0; c < 8; ++c) ASSERT_EQ(shard[r * 8 + c], full[global_row * 8 + c]) << r;
   }
   std::vector<float> back(24 * 8, -1.0f);
   for (int t = 0; t < 2; ++t) {
-    layout->ExtractShard(*fc1, t, 4, std::as_bytes(std::span(full)), std::as_writable_bytes(std::span(shard)));
-    layout->InsertShard(*fc1, t, 4, std::as_bytes(std::span(shard)), std::as_writable_bytes(std::span(back)));
+    layout->ExtractShard(*fc1, t, 4, std::as_bytes(std::span(full)),
+                         std::as_writable_bytes(std::span(shard)));
+    layout->InsertShard(*fc1, t, 4, std::as_bytes(std::span(shard)),
+                        std::as_writable_bytes(std::span(back)));
   }
   EXPECT_EQ(back, full);
 }
@@ -82,7 +86,8 @@ TEST(LayoutTest, RowParallelSplitsColumns) {
   std::vector<float> full(8 * 12);
   std::iota(full.begin(), full.end(), 0.0f);
   std::vector<float> shard(8 * 6);
-  layout->ExtractShard(*fc2, 1, 4, std::as_bytes(std::span(full)), std::as_writable_bytes(std::span(shard)));
+  layout->ExtractShard(*fc2, 1, 4, std::as_bytes(std::span(full)),
+                       std::as_writable_bytes(std::span(shard)));
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 6; ++c) ASSERT_EQ(shard[r * 6 + c], full[r * 12 + 6 + c]);
   }

@@ -1,5 +1,7 @@
 // safetensors reader/writer: round trips, byte layout, and every rejection rule of the reference
 // reader (the interop tests check the same files against the Python package).
+#include "libckpt/safetensors.h"
+
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -7,15 +9,13 @@
 
 #include "gtest/gtest.h"
 #include "libckpt/file_util.h"
-#include "libckpt/safetensors.h"
 #include "libckpt/safetensors_writer.h"
 
 namespace leantron::ckpt {
 namespace {
 
 std::string TempPath(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() /
-             ("libckpt_st_" + std::to_string(::getpid()));
+  auto dir = std::filesystem::temp_directory_path() / ("libckpt_st_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   return (dir / name).string();
 }
@@ -66,7 +66,8 @@ TEST(SafetensorsTest, WriteThenReadRoundTrip) {
 
 TEST(SafetensorsTest, HeaderIsPaddedToEightWithSpaces) {
   std::vector<uint64_t> offsets;
-  std::string header = BuildSafetensorsHeader({{"x", DType::kU8, {3}}}, {{"format", "pt"}}, &offsets);
+  std::string header =
+      BuildSafetensorsHeader({{"x", DType::kU8, {3}}}, {{"format", "pt"}}, &offsets);
   EXPECT_EQ(header.size() % 8, 0u);
   EXPECT_EQ(header.substr(0, 42), R"({"__metadata__":{"format":"pt"},"x":{"dtyp)");
   EXPECT_EQ(header.back(), ' ');
@@ -86,7 +87,8 @@ TEST(SafetensorsTest, WriterRejectsWrongSizesAndMissingTensors) {
   writer->reset();
   EXPECT_FALSE(std::filesystem::exists(path));
   EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
-  EXPECT_FALSE(SafetensorsWriter::Create(path, {{"a", DType::kF32, {1}}, {"a", DType::kF32, {1}}}).ok());
+  EXPECT_FALSE(
+      SafetensorsWriter::Create(path, {{"a", DType::kF32, {1}}, {"a", DType::kF32, {1}}}).ok());
 }
 
 TEST(SafetensorsTest, AcceptsWhatTheReferenceAccepts) {
@@ -120,15 +122,19 @@ TEST(SafetensorsTest, RejectsEveryInvalidForm) {
       {"shape overflow",
        R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,4]}})", 4,
        "overflows"},
-      {"bytes overflow", R"({"a":{"dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,4]}})",
-       4, "overflows"},
-      {"sub-byte end", R"({"a":{"dtype":"F4","shape":[3],"data_offsets":[0,2]}})", 2, "byte boundary"},
+      {"bytes overflow",
+       R"({"a":{"dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,4]}})", 4,
+       "overflows"},
+      {"sub-byte end", R"({"a":{"dtype":"F4","shape":[3],"data_offsets":[0,2]}})", 2,
+       "byte boundary"},
       {"duplicate name", "{" + ok + "," + ok + "}", 8, "duplicate"},
       {"bad dtype", R"({"a":{"dtype":"F33","shape":[1],"data_offsets":[0,4]}})", 4, "F33"},
       {"negative dim", R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4, "shape"},
-      {"float offset", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4.0]}})", 4, "data_offsets"},
+      {"float offset", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4.0]}})", 4,
+       "data_offsets"},
       {"three offsets", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4,4]}})", 4, "two"},
-      {"missing shape", R"({"a":{"dtype":"F32","data_offsets":[0,4]}})", 4, "missing field 'shape'"},
+      {"missing shape", R"({"a":{"dtype":"F32","data_offsets":[0,4]}})", 4,
+       "missing field 'shape'"},
       {"not object", "[]", 0, "not a JSON object"},
       {"bad json", "{\"a\":", 0, "not valid JSON"},
       {"metadata non-string", R"({"__metadata__":{"k":1}})", 0, "not a string"},
