@@ -1,6 +1,7 @@
 #include "libdata/mapped_file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -32,7 +33,51 @@ absl::Status WriteAll(int fd, const uint8_t* data, size_t size, const std::strin
   return absl::OkStatus();
 }
 
+// Temporary paths the signal handler removes. Fixed storage, because a handler may only touch
+// memory that is always valid; a slot is 0 free, 1 being written, 2 ready.
+constexpr int kCleanupSlots = 64;
+constexpr size_t kCleanupPathMax = 4096;
+struct CleanupSlot {
+  std::atomic<int> state{0};
+  char path[kCleanupPathMax];
+};
+CleanupSlot g_cleanup[kCleanupSlots];
+
+int RegisterCleanup(const std::string& path) {
+  if (path.size() >= kCleanupPathMax) return -1;
+  for (int i = 0; i < kCleanupSlots; ++i) {
+    int expected = 0;
+    if (g_cleanup[i].state.compare_exchange_strong(expected, 1)) {
+      std::memcpy(g_cleanup[i].path, path.c_str(), path.size() + 1);
+      g_cleanup[i].state.store(2);
+      return i;
+    }
+  }
+  return -1;
+}
+
+void UnregisterCleanup(int slot) {
+  if (slot >= 0) g_cleanup[slot].state.store(0);
+}
+
+extern "C" void RemoveTempFilesAndDie(int sig) {
+  for (CleanupSlot& slot : g_cleanup) {
+    if (slot.state.load() == 2) ::unlink(slot.path);
+  }
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
 }  // namespace
+
+void InstallTempFileCleanupOnSignals() {
+  for (const int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction action {};
+    action.sa_handler = RemoveTempFilesAndDie;
+    sigemptyset(&action.sa_mask);
+    ::sigaction(sig, &action, nullptr);
+  }
+}
 
 absl::Status ErrnoError(absl::string_view what, const std::string& path, int err) {
   std::string message = absl::StrCat(what, " ", path, ": ", std::strerror(err));
@@ -101,6 +146,7 @@ absl::StatusOr<AtomicFileWriter> AtomicFileWriter::Create(const std::string& fin
   writer.temp_path_ = absl::StrCat(final_path, ".tmp-", ::getpid(), "-", counter++);
   writer.fd_ = ::open(writer.temp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (writer.fd_ < 0) return ErrnoError("cannot create", writer.temp_path_, errno);
+  writer.cleanup_slot_ = RegisterCleanup(writer.temp_path_);
   writer.buffer_.reserve(kWriteBufferSize);
   return writer;
 }
@@ -111,6 +157,7 @@ AtomicFileWriter& AtomicFileWriter::operator=(AtomicFileWriter&& other) noexcept
   if (this != &other) {
     Abandon();
     fd_ = std::exchange(other.fd_, -1);
+    cleanup_slot_ = std::exchange(other.cleanup_slot_, -1);
     final_path_ = std::move(other.final_path_);
     temp_path_ = std::move(other.temp_path_);
     buffer_ = std::move(other.buffer_);
@@ -155,12 +202,14 @@ absl::Status AtomicFileWriter::Commit() {
     return ErrnoError("cannot rename to", final_path_, err);
   }
   temp_path_.clear();
+  UnregisterCleanup(std::exchange(cleanup_slot_, -1));
   return absl::OkStatus();
 }
 
 void AtomicFileWriter::Abandon() {
   if (fd_ >= 0) ::close(std::exchange(fd_, -1));
   if (!temp_path_.empty()) ::unlink(temp_path_.c_str());
+  UnregisterCleanup(std::exchange(cleanup_slot_, -1));
   temp_path_.clear();
   buffer_.clear();
 }

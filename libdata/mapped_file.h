@@ -66,6 +66,7 @@ class AtomicFileWriter {
  private:
   absl::Status FlushBuffer();
   int fd_ = -1;
+  int cleanup_slot_ = -1;  // registration for InstallTempFileCleanupOnSignals
   std::string final_path_;
   std::string temp_path_;
   std::vector<uint8_t> buffer_;
@@ -110,6 +111,11 @@ absl::Status SpoolFile::ForEachChunk(Sink&& sink) {
   }
   return absl::OkStatus();
 }
+
+// Makes SIGINT, SIGTERM and SIGHUP remove the temporary files of every AtomicFileWriter still
+// open before the process dies (with the signal's default action, so the exit status still
+// tells). For tools: a killed run then leaves nothing behind; SIGKILL leaves only `*.tmp-*`.
+void InstallTempFileCleanupOnSignals();
 
 // "<path>: <strerror(errno)>" as an absl::Status of the matching kind.
 absl::Status ErrnoError(absl::string_view what, const std::string& path, int err);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "libdata/mapped_file.h"
 #include "libdata/preprocess.h"
 
 int main(int argc, char** argv) {
@@ -53,6 +54,7 @@ int main(int argc, char** argv) {
   app.add_flag("--skip-invalid", options.skip_invalid,
                "Skip and count malformed lines instead of stopping at the first");
   CLI11_PARSE(app, argc, argv);
+  leantron::data::InstallTempFileCleanupOnSignals();
   options.eod_in_text_is_special = eod_in_text == "special";
   options.log = &std::cerr;
 
