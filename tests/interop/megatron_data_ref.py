@@ -168,16 +168,30 @@ def gpt_indices(lengths, begin, end, num_samples, seq_length, seed, extra=1, dro
     return doc, sample, shuffle.astype(np.int64), epochs, separate
 
 
-def gpt_sample(prefix, lengths, doc, sample, shuffle, i, seq_length, extra=1):
+class LoadedDataset:
+    """An indexed dataset in memory, for fast sequence reads in the sample tests."""
+
+    def __init__(self, prefix):
+        self.dtype, self.lengths, self.pointers, self.doc_index = read_index(prefix + ".idx")
+        self.data = np.fromfile(prefix + ".bin", dtype=np.uint8)
+
+    def get(self, i):
+        start = int(self.pointers[i])
+        n = int(self.lengths[i]) * self.dtype.itemsize
+        return self.data[start : start + n].view(self.dtype)
+
+
+def gpt_sample(ds, doc, sample, shuffle, i, seq_length, extra=1):
+    """Megatron's GPTDataset._query_document_sample_shuffle_indices: the ids of sample i."""
     j = shuffle[i]
     b, bo = sample[j]
     e, eo = sample[j + 1]
     parts = []
     if b == e:
-        parts.append(read_sequence(prefix, doc[b])[bo : eo + extra])
+        parts.append(ds.get(doc[b])[bo : eo + extra])
     else:
         for k in range(b, e + 1):
-            seq = read_sequence(prefix, doc[k])
+            seq = ds.get(doc[k])
             off = 0 if k > b else bo
             parts.append(seq[off:] if k < e else seq[off : eo + extra])
     text = np.concatenate(parts).astype(np.int64)
