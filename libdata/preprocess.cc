@@ -321,6 +321,8 @@ absl::StatusOr<PreprocessStats> PreprocessData(const PreprocessOptions& options)
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
   absl::Status status;
+  bool bar_drawn = false;
+  double next_bar = 0.25;
   for (;;) {
     std::unique_ptr<Batch> batch;
     {
@@ -377,14 +379,26 @@ absl::StatusOr<PreprocessStats> PreprocessData(const PreprocessOptions& options)
       if (options.log != nullptr && options.log_interval > 0 &&
           stats.documents % options.log_interval == 0) {
         const double s = elapsed();
-        *options.log << absl::StrFormat("Processed %d documents (%.2f docs/s, %.2f MB/s).\n",
+        *options.log << (bar_drawn ? "\r\033[K" : "")
+                     << absl::StrFormat("Processed %d documents (%.2f docs/s, %.2f MB/s).\n",
                                         stats.documents, stats.documents / s,
                                         stats.input_bytes / s / 1024 / 1024)
                      << std::flush;
+        bar_drawn = false;
       }
     }
     if (!status.ok()) break;
+    if (options.progress_bar && options.log != nullptr && elapsed() >= next_bar) {
+      const double s = elapsed();
+      next_bar = s + 0.25;
+      *options.log << absl::StrFormat("\r\033[K%d documents, %.1f MB, %.1f MB/s, %d tokens",
+                                      stats.documents, stats.input_bytes / 1048576.0,
+                                      stats.input_bytes / s / 1048576.0, stats.tokens)
+                   << std::flush;
+      bar_drawn = true;
+    }
   }
+  if (bar_drawn) *options.log << "\n";
   shutdown();
   if (!status.ok()) return status;  // Builders are abandoned: no output file appears.
   for (auto& builder : builders) {

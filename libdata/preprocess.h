@@ -37,6 +37,9 @@ struct PreprocessOptions {
   // instead of stopping at the first one.
   bool skip_invalid = false;
   std::ostream* log = nullptr;  // progress lines (Megatron's format); null for none
+  // Also redraw one status line (documents, MB, MB/s) with '\r' a few times a second: for a
+  // terminal. Megatron's lines are still printed, each on a line of its own.
+  bool progress_bar = false;
 };
 
 struct PreprocessStats {

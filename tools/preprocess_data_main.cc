@@ -57,6 +57,7 @@ int main(int argc, char** argv) {
   leantron::data::InstallTempFileCleanupOnSignals();
   options.eod_in_text_is_special = eod_in_text == "special";
   options.log = &std::cerr;
+  options.progress_bar = ::isatty(STDERR_FILENO) != 0;
 
   absl::StatusOr<leantron::data::PreprocessStats> stats = leantron::data::PreprocessData(options);
   if (!stats.ok()) {
