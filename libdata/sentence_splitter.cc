@@ -27,6 +27,7 @@ size_t RStripLength(std::string_view s) {
 
 struct SentenceSplitter::Impl {
   std::unique_ptr<icu::BreakIterator> iterator;
+  std::unique_ptr<icu::BreakIterator> filtered;
   bool keep_newlines = false;
 };
 
@@ -36,9 +37,14 @@ SentenceSplitter::~SentenceSplitter() = default;
 absl::StatusOr<std::unique_ptr<SentenceSplitter>> SentenceSplitter::Create(bool keep_newlines) {
   UErrorCode status = U_ZERO_ERROR;
   auto impl = std::make_unique<Impl>();
-  // English rules, as Megatron's default punkt model (--lang english).
+  // English rules, as Megatron's default punkt model (--lang english). The plain iterator
+  // tells why it broke (rule status); the filtered one ("ss=standard") drops breaks after ICU's
+  // list of abbreviations ("Mr.", "e.g.", ...), as punkt learned its own. It reports no rule
+  // status, hence the two.
   impl->iterator.reset(icu::BreakIterator::createSentenceInstance(icu::Locale("en"), status));
-  if (U_FAILURE(status) || !impl->iterator) {
+  impl->filtered.reset(
+      icu::BreakIterator::createSentenceInstance(icu::Locale("en@ss=standard"), status));
+  if (U_FAILURE(status) || !impl->iterator || !impl->filtered) {
     return absl::InternalError(
         absl::StrCat("cannot create ICU sentence break iterator: ", u_errorName(status)));
   }
@@ -55,11 +61,14 @@ absl::Status SentenceSplitter::Split(std::string_view text, std::vector<std::str
     return absl::InternalError(absl::StrCat("ICU utext_openUTF8: ", u_errorName(status)));
   }
   icu::BreakIterator& it = *impl_->iterator;
+  icu::BreakIterator& filtered = *impl_->filtered;
   it.setText(ut, status);
+  filtered.setText(ut, status);
   if (U_FAILURE(status)) {
     utext_close(ut);
     return absl::InternalError(absl::StrCat("ICU setText: ", u_errorName(status)));
   }
+  filtered.first();
   const auto emit = [&](size_t begin, size_t end, bool last) {
     std::string_view sentence = text.substr(begin, end - begin);
     if (!last && !impl_->keep_newlines) sentence = sentence.substr(0, RStripLength(sentence));
@@ -70,8 +79,9 @@ absl::Status SentenceSplitter::Split(std::string_view text, std::vector<std::str
     const size_t boundary = static_cast<size_t>(b);  // UTF-8 UText: native byte offsets.
     if (boundary >= text.size()) break;
     const int32_t rule = it.getRuleStatus();
-    // Only breaks after a terminator; UBRK_SENTENCE_SEP breaks (a bare newline) are skipped.
-    if (rule >= UBRK_SENTENCE_TERM && rule < UBRK_SENTENCE_TERM_LIMIT) {
+    // Only breaks after a terminator; UBRK_SENTENCE_SEP breaks (a bare newline) are skipped,
+    // and so are breaks the abbreviation filter removed.
+    if (rule >= UBRK_SENTENCE_TERM && rule < UBRK_SENTENCE_TERM_LIMIT && filtered.isBoundary(b)) {
       emit(start, boundary, false);
       start = boundary;
     }

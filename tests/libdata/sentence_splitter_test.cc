@@ -40,6 +40,11 @@ TEST(SentenceSplitter, LeadingWhitespaceStaysOnTheFirstSentenceAndEmptyTextHasNo
   EXPECT_TRUE(Split(" \n\t ", false).empty());
 }
 
+TEST(SentenceSplitter, KnownAbbreviationsDoNotEndASentence) {
+  EXPECT_EQ(Split("He saw Mr. Jones at noon. Then he left.", false),
+            (std::vector<std::string>{"He saw Mr. Jones at noon.", "Then he left."}));
+}
+
 TEST(SentenceSplitter, NonAsciiTextKeepsByteOffsets) {
   EXPECT_EQ(Split("Grüße aus Köln. 日本語の文です。次の文！", false),
             (std::vector<std::string>{"Grüße aus Köln.", "日本語の文です。", "次の文！"}));
