@@ -90,13 +90,6 @@ const SafetensorsFile& CheckpointReader::shard_file(int tp_rank, int pp_rank,
   return *(optimizer ? optimizer_files_ : model_files_)[pp_rank][tp_rank];
 }
 
-void CopyRowsResized(const Tensor& from, Tensor* to) {
-  const size_t row_bytes =
-      from.shape.empty() || from.shape[0] == 0 ? 0 : from.data.size() / from.shape[0];
-  const size_t bytes = std::min(from.data.size(), to->data.size());
-  std::memcpy(to->data.data(), from.data.data(), bytes - (row_bytes ? bytes % row_bytes : 0));
-}
-
 absl::Status CheckpointReader::ReadFull(const ParamSpec& target, TensorKind kind, Tensor* out) {
   const bool optimizer = kind != TensorKind::kParam;
   if (optimizer && !metadata_.has_optimizer) {
@@ -120,21 +113,25 @@ absl::Status CheckpointReader::ReadFull(const ParamSpec& target, TensorKind kind
                                           "], requested [", absl::StrJoin(target.shape, ","),
                                           "]: the checkpoint's model config differs"));
   }
-  Tensor merged;
-  Tensor* full = same_shape ? out : &merged;
-  full->Reset(dtype, source->shape);
+  // When TP changes the padded vocabulary, merge into a buffer with room for both row counts and
+  // trim afterwards: rows the source lacks stay zero, and no second full-size copy is made.
+  std::vector<int64_t> shape = source->shape;
+  if (!same_shape) shape[0] = std::max(source->shape[0], target.shape[0]);
+  out->Reset(dtype, shape);
+  const std::span<std::byte> merged(out->data.data(),
+                                    static_cast<size_t>(NumElements(source->shape)) * element_size);
   for (int tp = 0; tp < metadata_.parallel.tp; ++tp) {
     const SafetensorsFile& file = shard_file(tp, source->stage, optimizer);
     auto view = file.Get(stored);
     if (!view.ok()) return view.status();
-    layout_.InsertShard(*source, tp, element_size, view->data, full->mutable_bytes());
+    layout_.InsertShard(*source, tp, element_size, view->data, merged);
     file.Release(*view);
     // Replicated tensors are equal on every TP rank; rank 0's copy is the one kept.
     if (source->split == TpSplit::kReplicated) break;
   }
   if (!same_shape) {
-    out->Reset(dtype, target.shape);
-    CopyRowsResized(merged, out);
+    out->shape = target.shape;
+    out->data.resize(static_cast<size_t>(NumElements(target.shape)) * element_size);
   }
   return absl::OkStatus();
 }

@@ -57,8 +57,4 @@ class CheckpointReader : public FullTensorSource {
   std::vector<std::vector<std::unique_ptr<SafetensorsFile>>> optimizer_files_;
 };
 
-// Copies rows [0, min) of a full tensor into `out` with a different number of vocabulary rows,
-// zero-filling the rest; used when TP (and so the padded vocabulary) changes.
-void CopyRowsResized(const Tensor& from, Tensor* to);
-
 }  // namespace leantron::ckpt

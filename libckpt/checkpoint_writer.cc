@@ -206,8 +206,8 @@ absl::Status CheckpointWriter::WriteShards(const ParamSpec& target, TensorKind k
   auto& writers = (optimizer ? optimizer_writers_ : model_writers_)[target.stage];
   for (int tp = 0; tp < metadata_.parallel.tp; ++tp) {
     absl::Status status;
-    if (target.split == TpSplit::kReplicated) {
-      status = writers[tp]->Write(name, full);
+    if (auto direct = layout_.ContiguousShard(target, tp, element_size, full)) {
+      status = writers[tp]->Write(name, *direct);
     } else {
       shard_buffer_.resize(full.size() / metadata_.parallel.tp);
       layout_.ExtractShard(target, tp, element_size, full, shard_buffer_);

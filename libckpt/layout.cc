@@ -229,6 +229,20 @@ void ModelLayout::InsertShard(const ParamSpec& spec, int tp_rank, size_t element
   });
 }
 
+std::optional<std::span<const std::byte>> ModelLayout::ContiguousShard(
+    const ParamSpec& spec, int tp_rank, size_t element_size,
+    std::span<const std::byte> full) const {
+  int runs = 0;
+  size_t begin = 0, size = 0;
+  ForEachRun(*this, spec, tp_rank, element_size, [&](size_t full_at, size_t, size_t n) {
+    ++runs;
+    begin = full_at;
+    size = n;
+  });
+  if (runs != 1) return std::nullopt;
+  return full.subspan(begin, size);
+}
+
 std::string ModelLayout::ShardDirName(int tp_rank, int pp_rank) const {
   if (parallel_.pp == 1) return absl::StrFormat("mp_rank_%02d", tp_rank);
   return absl::StrFormat("mp_rank_%02d_%03d", tp_rank, pp_rank);

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -82,6 +83,12 @@ class ModelLayout {
                     std::span<const std::byte> full, std::span<std::byte> shard) const;
   void InsertShard(const ParamSpec& spec, int tp_rank, size_t element_size,
                    std::span<const std::byte> shard, std::span<std::byte> full) const;
+
+  // The shard of `tp_rank` as a view into `full` when it is one contiguous run of it (dim-0
+  // splits, replicated tensors); empty otherwise. Lets writers skip a copy.
+  std::optional<std::span<const std::byte>> ContiguousShard(const ParamSpec& spec, int tp_rank,
+                                                            size_t element_size,
+                                                            std::span<const std::byte> full) const;
 
   // Megatron's shard directory name: mp_rank_{tp:02d} (PP = 1) or mp_rank_{tp:02d}_{pp:03d}.
   std::string ShardDirName(int tp_rank, int pp_rank) const;

@@ -217,6 +217,43 @@ TEST_F(CheckpointTest, LoadRefusesIncompleteOrInconsistentCheckpoints) {
   EXPECT_FALSE(CheckpointReader::Open(Dir("e"), 6).ok());
 }
 
+TEST_F(CheckpointTest, PerRankSaveAsATrainerDoesIt) {
+  // Each rank holds only its shards (here: loaded from a TP1/PP1 checkpoint into TP2/PP2 ranks)
+  // and writes them itself; rank 0 prepares and commits.
+  ModelConfig config = LlamaStyleConfig(4, 32, 40, 8, 4, 300, 32);
+  SyntheticSource source(config.vocab_size);
+  ASSERT_TRUE(SaveCheckpointFrom(source, Metadata(config, {1, 1, 1}, 3), Dir("src")).ok());
+  const ParallelConfig parallel = {2, 2, 1};
+  auto layout = ModelLayout::Create(config, parallel);
+  ASSERT_TRUE(layout.ok());
+  auto temp = PrepareCheckpointSave(Dir("dst"), 4);
+  ASSERT_TRUE(temp.ok()) << temp.status();
+  for (int pp = 0; pp < 2; ++pp) {
+    for (int tp = 0; tp < 2; ++tp) {
+      auto state = LoadRankState(Dir("src"), std::nullopt, parallel, tp, pp);
+      ASSERT_TRUE(state.ok()) << state.status();
+      auto views = [](const std::vector<NamedTensor>& list) {
+        std::vector<RankTensor> out;
+        for (const NamedTensor& t : list) out.push_back({t.name, t.tensor.bytes()});
+        return out;
+      };
+      auto params = views(state->params), main = views(state->main_params),
+           avg = views(state->exp_avg), avg_sq = views(state->exp_avg_sq);
+      ASSERT_TRUE(WriteRankShard(*temp, *layout, tp, pp, params, &main, &avg, &avg_sq).ok());
+    }
+  }
+  CheckpointMetadata metadata = Metadata(config, parallel, 4);
+  // A missing rank is caught at commit: nothing is published.
+  fs::rename(*temp + "/mp_rank_01_001", Dir("held_back"));
+  EXPECT_FALSE(CommitCheckpointSave(Dir("dst"), *temp, metadata).ok());
+  EXPECT_FALSE(fs::exists(Dir("dst/iter_0000004")));
+  fs::rename(Dir("held_back"), *temp + "/mp_rank_01_001");
+  ASSERT_TRUE(CommitCheckpointSave(Dir("dst"), *temp, metadata).ok());
+  EXPECT_FALSE(fs::exists(*temp));
+  ExpectRanksMatch(Dir("dst"), config, parallel);
+  ExpectRanksMatch(Dir("dst"), config, {4, 1, 1});
+}
+
 TEST_F(CheckpointTest, KilledWriterLeavesPreviousCheckpointLoadable) {
   ModelConfig config = Gpt2StyleConfig(4, 16, 4, 300, 32);
   SyntheticSource source(config.vocab_size);
