@@ -211,6 +211,15 @@ absl::Status ExportHfCheckpoint(const std::string& load_dir, const std::string& 
     const ParamSpec* spec = layout->Find(mapping.megatron);
     if (spec == nullptr) return absl::InternalError(Cat("layout has no '", mapping.megatron, "'"));
     if (auto s = (*reader)->ReadFull(*spec, TensorKind::kParam, &full); !s.ok()) return s;
+    if (mapping.transform == HfTransform::kCopy || mapping.transform == HfTransform::kVocabRows) {
+      // The HF tensor is a prefix of the full one (padding rows dropped): write it without a copy.
+      const size_t bytes = static_cast<size_t>(NumElements(mapping.hf[0].shape)) *
+                           DTypeSize(metadata.config.params_dtype);
+      if (auto s = (*writer)->Write(mapping.hf[0].name, full.bytes().subspan(0, bytes)); !s.ok()) {
+        return s;
+      }
+      continue;
+    }
     MegatronToHf(mapping, metadata.config, full, &hf);
     for (size_t i = 0; i < hf.size(); ++i) {
       if (auto s = (*writer)->Write(mapping.hf[i].name, hf[i].bytes()); !s.ok()) return s;
