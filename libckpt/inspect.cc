@@ -91,14 +91,17 @@ absl::Status PrintCheckpointSummary(const std::string& checkpoint_dir,
   Tensor full;
   for (const ParamSpec& spec : layout.params()) {
     if (!spec.tied_to.empty()) {
-      out << absl::StrFormat("  %-52s tied copy of %s (stage %d)\n", spec.name, spec.tied_to,
-                             spec.stage);
+      out << absl::StrFormat("  %-52s tied copy of %s, in %s\n", spec.name, spec.tied_to,
+                             layout.ShardDirName(0, spec.stage));
       continue;
     }
     if (auto s = (*reader)->ReadFull(spec, TensorKind::kParam, &full); !s.ok()) return s;
-    out << absl::StrFormat("  %-52s %-14s %-5s %-12s stage %d  norm %.6g\n", spec.name,
+    // Which shard directories hold it: every TP rank of its stage.
+    std::string files = layout.ShardDirName(0, spec.stage);
+    if (m.parallel.tp > 1) files += ".." + layout.ShardDirName(m.parallel.tp - 1, spec.stage);
+    out << absl::StrFormat("  %-52s %-14s %-5s %-12s %-32s norm %.6g\n", spec.name,
                            Cat("[", absl::StrJoin(spec.shape, ", "), "]"),
-                           ToAbsl(DTypeName(full.dtype)), SplitName(spec.split), spec.stage,
+                           ToAbsl(DTypeName(full.dtype)), SplitName(spec.split), files,
                            L2Norm(full));
   }
   return absl::OkStatus();
