@@ -6,10 +6,11 @@ outputs are byte-identical, and prints a Markdown table (MB/s of JSONL, docs/s, 
   python3 bench/make_text_corpus.py --output /tmp/corpus_1g.jsonl --size-mb 1024
   python3 bench/preprocess_bench.py --corpus /tmp/corpus_1g.jsonl --workers 1 2
 
-Peak RSS is the largest single process (for the peer: its main process or one worker,
-whichever is larger; workers each hold a tokenizer).
+Peak RSS is GNU time's %M: the largest single process (for the peer: its main process or one
+worker, whichever is larger; each worker holds a tokenizer). Needs /usr/bin/time (Debian: time).
 """
 import argparse
+import filecmp
 import os
 import pathlib
 import subprocess
@@ -28,15 +29,16 @@ def vocab_dir():
 
 
 def run(cmd):
-    """Wall seconds and peak RSS (MiB) of the command and its descendants' largest process."""
+    """Wall seconds and peak RSS (MiB) of the command's largest process, measured by GNU time
+    (a fork of this Python process would start with this process's RSS as its high-water mark)."""
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
+    proc = subprocess.run(["/usr/bin/time", "-f", "maxrss_kb=%M", *cmd], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE)
     wall = time.perf_counter() - start
-    err = proc.stderr.read().decode(errors="replace")
-    if os.waitstatus_to_exitcode(status) != 0:
+    err = proc.stderr.decode(errors="replace")
+    if proc.returncode != 0:
         raise SystemExit(f"{cmd[0]} failed:\n{err}")
-    return wall, usage.ru_maxrss / 1024
+    return wall, int(err.rsplit("maxrss_kb=", 1)[1].split()[0]) / 1024
 
 
 def main():
@@ -67,9 +69,8 @@ def main():
                              str(vocab), "--workers", str(w), "--log-interval", "100000000"])
             rows.append(("Python peer (json + tiktoken + numpy)", w, wall, rss))
             for ext in [".bin", ".idx"]:
-                a = pathlib.Path(f"{ours}_text_document{ext}").read_bytes()
-                b = pathlib.Path(f"{peer}_text_document{ext}").read_bytes()
-                if a != b:
+                if not filecmp.cmp(f"{ours}_text_document{ext}", f"{peer}_text_document{ext}",
+                                   shallow=False):
                     raise SystemExit(f"outputs differ ({ext}) with {w} workers")
             for p in pathlib.Path(tmp).glob(f"*{w}_text_document.*"):
                 p.unlink()
