@@ -1,0 +1,247 @@
+#include "trainer/args.h"
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "trainer/scheduler.h"
+
+namespace leantron::trainer {
+namespace {
+
+// Megatron flags this trainer knows but does not implement yet: accepted by the parser so the user
+// gets a sentence saying so instead of "unknown option".
+struct Unsupported {
+  bool swiglu = false, group_query_attention = false, untie = false, disable_bias_linear = false;
+  bool bf16 = false, fp16 = false;
+  std::string normalization = "LayerNorm", position_embedding_type = "learned_absolute";
+  int context_parallel_size = 1;
+  int64_t num_query_groups = 0;
+  int64_t layers_per_virtual_stage = 0;
+  std::string recompute_granularity, tensorboard_dir;
+};
+Unsupported& unsupported() {
+  static Unsupported u;
+  return u;
+}
+
+}  // namespace
+
+int64_t TrainArgs::true_vocab_size() const {
+  if (tokenizer_type == "NullTokenizer") return vocab_size + 1;  // Megatron adds the EOD id
+  return 50257;
+}
+
+void AddTrainFlags(CLI::App& app, TrainArgs* a) {
+  // Model.
+  app.add_option("--num-layers", a->num_layers, "Transformer layers");
+  app.add_option("--hidden-size", a->hidden_size, "Hidden size");
+  app.add_option("--num-attention-heads", a->num_attention_heads, "Attention heads");
+  app.add_option("--ffn-hidden-size", a->ffn_hidden_size, "MLP hidden size (default 4·hidden)");
+  app.add_option("--kv-channels", a->kv_channels, "Head dimension (default hidden/heads)");
+  app.add_option("--seq-length", a->seq_length, "Sequence length");
+  app.add_option("--max-position-embeddings", a->max_position_embeddings,
+                 "Position table size (default --seq-length)");
+  app.add_flag("--openai-gelu", a->openai_gelu, "tanh GELU (GPT-2's gelu_new) instead of erf");
+  app.add_option("--init-method-std", a->init_method_std, "Init std (default 0.02)");
+  app.add_option("--hidden-dropout", a->hidden_dropout, "Hidden dropout (default 0.1)");
+  app.add_option("--attention-dropout", a->attention_dropout, "Attention dropout (default 0.1)");
+  app.add_option("--make-vocab-size-divisible-by", a->make_vocab_size_divisible_by,
+                 "Vocabulary padding unit (default 128)");
+  app.add_option("--norm-epsilon,--layernorm-epsilon", a->norm_epsilon, "LayerNorm epsilon");
+  app.add_option("--tokenizer-type", a->tokenizer_type,
+                 "GPT2BPETokenizer (vocab 50257) or NullTokenizer (--vocab-size ids + EOD)");
+  app.add_option("--vocab-size", a->vocab_size, "NullTokenizer vocabulary size");
+  app.add_option("--vocab-file", a->vocab_file, "GPT-2 vocab.json (only the size is used)");
+  app.add_option("--merge-file", a->merge_file, "GPT-2 merges.txt (only the size is used)");
+  // Parallelism.
+  app.add_option("--tensor-model-parallel-size", a->tensor_model_parallel_size, "TP size");
+  app.add_option("--pipeline-model-parallel-size", a->pipeline_model_parallel_size, "PP size");
+  app.add_flag("--sequence-parallel", a->sequence_parallel, "Sequence parallelism (needs TP > 1)");
+  app.add_flag("--use-distributed-optimizer", a->use_distributed_optimizer,
+               "Shard optimizer state over data-parallel ranks (ZeRO-1)");
+  app.add_option("--nproc-per-node", a->nproc_per_node,
+                 "Start this many local ranks (one process each) and wait for them");
+  app.add_option("--ddp-bucket-size", a->ddp_bucket_size, "Gradient all-reduce bucket (elements)");
+  // Training.
+  app.add_option("--micro-batch-size", a->micro_batch_size, "Micro-batch size");
+  app.add_option("--global-batch-size", a->global_batch_size, "Global batch size");
+  app.add_option("--train-iters", a->train_iters, "Training iterations");
+  app.add_option("--lr", a->lr, "Peak learning rate");
+  app.add_option("--min-lr", a->min_lr, "Final learning rate");
+  app.add_option("--lr-warmup-init", a->lr_warmup_init, "Learning rate at warm-up start");
+  app.add_option("--lr-decay-style", a->lr_decay_style, "constant, linear, cosine or WSD");
+  app.add_option("--lr-warmup-iters", a->lr_warmup_iters, "Warm-up iterations");
+  app.add_option("--lr-decay-iters", a->lr_decay_iters, "Decay iterations (default --train-iters)");
+  app.add_option("--lr-wsd-decay-style", a->lr_wsd_decay_style,
+                 "WSD anneal: linear, cosine, exponential, minus_sqrt");
+  app.add_option("--lr-wsd-decay-iters", a->lr_wsd_decay_iters, "WSD anneal iterations");
+  app.add_option("--weight-decay", a->weight_decay, "Weight decay (default 0.01)");
+  app.add_option("--adam-beta1", a->adam_beta1, "Adam beta1 (default 0.9)");
+  app.add_option("--adam-beta2", a->adam_beta2, "Adam beta2 (default 0.999)");
+  app.add_option("--adam-eps", a->adam_eps, "Adam epsilon (default 1e-8)");
+  app.add_option("--clip-grad", a->clip_grad, "Gradient clipping norm (default 1.0, 0 = off)");
+  app.add_option("--seed", a->seed, "Random seed (default 1234)");
+  // Data and checkpoints.
+  app.add_option("--data-path", a->data_path, "PREFIX or W1 PREFIX1 W2 PREFIX2 ...");
+  app.add_option("--split", a->split, "Train/valid/test proportions (default 969,30,1)");
+  app.add_flag("--mock-data", a->mock_data, "Synthetic samples instead of --data-path");
+  app.add_option("--data-cache-path", a->data_cache_path, "Where the sample index cache lives");
+  app.add_option("--save", a->save, "Checkpoint directory to save to");
+  app.add_option("--load", a->load, "Checkpoint directory to load from");
+  app.add_option("--save-interval", a->save_interval, "Save every N iterations");
+  app.add_flag("--no-load-optim", a->no_load_optim, "Do not load optimizer state");
+  app.add_flag("--no-load-rng", a->no_load_rng,
+               "Accepted for compatibility: dropout masks are a function of the sample, so there "
+               "is no RNG state to load");
+  app.add_flag("--finetune", a->finetune,
+               "Load weights only; start at iteration 0 with fresh optimizer and data position");
+  // Logging and evaluation.
+  app.add_option("--log-interval", a->log_interval, "Log every N iterations (default 100)");
+  app.add_option("--eval-interval", a->eval_interval, "Evaluate every N iterations (default 1000)");
+  app.add_option("--eval-iters", a->eval_iters, "Batches per evaluation (default 100)");
+  app.add_flag("--log-throughput", a->log_throughput, "Add TFLOP/s and tokens/s to the log line");
+  app.add_option("--ops-backend", a->backend, "Ops backend (cpu)");
+  // Known, not implemented.
+  Unsupported& u = unsupported();
+  app.add_flag("--swiglu", u.swiglu, "(not implemented)");
+  app.add_flag("--group-query-attention", u.group_query_attention, "(not implemented)");
+  app.add_option("--num-query-groups", u.num_query_groups, "(not implemented)");
+  app.add_flag("--untie-embeddings-and-output-weights", u.untie, "(not implemented)");
+  app.add_flag("--disable-bias-linear", u.disable_bias_linear, "(not implemented)");
+  app.add_flag("--bf16", u.bf16, "(not implemented on the cpu backend)");
+  app.add_flag("--fp16", u.fp16, "(not implemented on the cpu backend)");
+  app.add_option("--normalization", u.normalization, "LayerNorm (RMSNorm not implemented)");
+  app.add_option("--position-embedding-type", u.position_embedding_type,
+                 "learned_absolute (rope not implemented)");
+  app.add_option("--context-parallel-size", u.context_parallel_size, "1 (CP not implemented)");
+  app.add_option("--num-layers-per-virtual-pipeline-stage", u.layers_per_virtual_stage,
+                 "(interleaved schedule not implemented)");
+  app.add_option("--recompute-granularity", u.recompute_granularity, "(not implemented)");
+  app.add_option("--tensorboard-dir", u.tensorboard_dir, "(not implemented)");
+}
+
+absl::Status ValidateTrainArgs(TrainArgs* a) {
+  auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
+  const Unsupported& u = unsupported();
+  if (u.swiglu) return bad("--swiglu is not implemented yet");
+  if (u.group_query_attention) return bad("--group-query-attention is not implemented yet");
+  if (u.num_query_groups != 0) return bad("--num-query-groups is not implemented yet");
+  if (u.untie) return bad("--untie-embeddings-and-output-weights is not implemented yet");
+  if (u.disable_bias_linear) return bad("--disable-bias-linear is not implemented yet");
+  if (u.bf16 || u.fp16) return bad("--bf16/--fp16 are not implemented on the cpu backend");
+  if (u.normalization != "LayerNorm")
+    return bad("--normalization ", u.normalization, " is not implemented yet");
+  if (u.position_embedding_type != "learned_absolute")
+    return bad("--position-embedding-type ", u.position_embedding_type, " is not implemented yet");
+  if (u.context_parallel_size != 1) return bad("context parallelism is not implemented yet");
+  if (u.layers_per_virtual_stage != 0)
+    return bad("the interleaved schedule is not implemented yet");
+  if (!u.recompute_granularity.empty())
+    return bad("activation recomputation is not implemented yet");
+  if (!u.tensorboard_dir.empty()) return bad("--tensorboard-dir is not implemented yet");
+
+  if (a->num_layers <= 0 || a->hidden_size <= 0 || a->num_attention_heads <= 0)
+    return bad("--num-layers, --hidden-size and --num-attention-heads must be given and positive");
+  if (a->seq_length <= 0) return bad("--seq-length must be given and positive");
+  if (a->train_iters <= 0) return bad("--train-iters must be given and positive");
+  if (a->global_batch_size <= 0) return bad("--global-batch-size must be given and positive");
+  if (a->micro_batch_size <= 0) return bad("--micro-batch-size must be positive");
+  if (a->lr <= 0.0) return bad("--lr must be given and positive");
+  if (a->ffn_hidden_size == 0) a->ffn_hidden_size = 4 * a->hidden_size;
+  if (a->kv_channels == 0) {
+    if (a->hidden_size % a->num_attention_heads != 0)
+      return bad("--hidden-size ", a->hidden_size, " is not divisible by --num-attention-heads ",
+                 a->num_attention_heads);
+    a->kv_channels = a->hidden_size / a->num_attention_heads;
+  }
+  if (a->max_position_embeddings == 0) a->max_position_embeddings = a->seq_length;
+  if (a->seq_length > a->max_position_embeddings)
+    return bad("--seq-length ", a->seq_length, " exceeds --max-position-embeddings ",
+               a->max_position_embeddings);
+  if (a->hidden_dropout < 0 || a->hidden_dropout >= 1 || a->attention_dropout < 0 ||
+      a->attention_dropout >= 1)
+    return bad("dropout probabilities must be in [0, 1)");
+  if (a->tokenizer_type == "NullTokenizer") {
+    if (a->vocab_size <= 0) return bad("NullTokenizer needs --vocab-size");
+  } else if (a->tokenizer_type != "GPT2BPETokenizer") {
+    return bad("--tokenizer-type must be GPT2BPETokenizer or NullTokenizer, not ",
+               a->tokenizer_type);
+  }
+  const int tp = a->tensor_model_parallel_size, pp = a->pipeline_model_parallel_size;
+  if (tp <= 0 || pp <= 0) return bad("parallel sizes must be positive");
+  if (a->world_size % (tp * pp) != 0)
+    return bad("world size ", a->world_size, " is not divisible by TP ", tp, " x PP ", pp);
+  if (a->num_attention_heads % tp != 0)
+    return bad("--num-attention-heads ", a->num_attention_heads, " is not divisible by TP ", tp);
+  if (a->ffn_hidden_size % tp != 0)
+    return bad("--ffn-hidden-size ", a->ffn_hidden_size, " is not divisible by TP ", tp);
+  if (a->num_layers % pp != 0)
+    return bad("--num-layers ", a->num_layers, " is not divisible by PP ", pp);
+  const int dp = a->data_parallel_size();
+  if (a->global_batch_size % (a->micro_batch_size * dp) != 0)
+    return bad("--global-batch-size ", a->global_batch_size, " is not divisible by micro-batch ",
+               a->micro_batch_size, " x DP ", dp);
+  if (tp == 1) a->sequence_parallel = false;  // as Megatron does
+  if (a->sequence_parallel && a->seq_length % tp != 0)
+    return bad("--sequence-parallel needs --seq-length ", a->seq_length, " divisible by TP ", tp);
+  if (a->mock_data == !a->data_path.empty())
+    return bad("give exactly one of --data-path and --mock-data");
+  if (a->lr_decay_iters == 0) a->lr_decay_iters = a->train_iters;
+  if (a->lr_warmup_iters > a->lr_decay_iters)
+    return bad("--lr-warmup-iters ", a->lr_warmup_iters, " exceeds --lr-decay-iters ",
+               a->lr_decay_iters);
+  if (absl::StatusOr<DecayStyle> s = ParseDecayStyle(a->lr_decay_style); !s.ok()) return s.status();
+  if (a->lr_decay_style == "WSD") {
+    if (absl::StatusOr<WsdDecayStyle> s = ParseWsdDecayStyle(a->lr_wsd_decay_style); !s.ok())
+      return s.status();
+    if (a->lr_wsd_decay_iters <= 0 || a->lr_wsd_decay_iters > a->lr_decay_iters)
+      return bad("WSD needs 0 < --lr-wsd-decay-iters <= --lr-decay-iters");
+  }
+  if (a->min_lr > a->lr) return bad("--min-lr ", a->min_lr, " exceeds --lr ", a->lr);
+  if (a->save_interval > 0 && a->save.empty()) return bad("--save-interval needs --save");
+  if (a->log_interval <= 0 || a->eval_interval <= 0 || a->eval_iters < 0)
+    return bad("--log-interval and --eval-interval must be positive, --eval-iters not negative");
+  if (a->backend != "cpu") return bad("--ops-backend ", a->backend, " is not in this build (cpu)");
+  return absl::OkStatus();
+}
+
+ckpt::ModelConfig ModelConfigFromArgs(const TrainArgs& a) {
+  ckpt::ModelConfig c;
+  c.num_layers = a.num_layers;
+  c.hidden_size = a.hidden_size;
+  c.ffn_hidden_size = a.ffn_hidden_size;
+  c.num_attention_heads = a.num_attention_heads;
+  c.num_query_groups = a.num_attention_heads;
+  c.kv_channels = a.kv_channels;
+  c.vocab_size = a.true_vocab_size();
+  c.max_position_embeddings = a.max_position_embeddings;
+  c.make_vocab_size_divisible_by = a.make_vocab_size_divisible_by;
+  c.normalization = ckpt::NormType::kLayerNorm;
+  c.norm_epsilon = a.norm_epsilon;
+  c.activation = a.openai_gelu ? ckpt::Activation::kGeluTanh : ckpt::Activation::kGelu;
+  c.position_embedding_type = ckpt::PositionEmbedding::kLearnedAbsolute;
+  c.add_bias_linear = true;
+  c.add_qkv_bias = true;
+  c.untie_embeddings_and_output_weights = false;
+  c.params_dtype = ckpt::DType::kF32;
+  return c;
+}
+
+std::string TrainArgsToJson(const TrainArgs& a) {
+  return absl::StrFormat(
+      "{\"micro_batch_size\": %d, \"global_batch_size\": %d, \"seq_length\": %d, "
+      "\"train_iters\": %d, \"lr\": %.17g, \"min_lr\": %.17g, \"lr_decay_style\": \"%s\", "
+      "\"lr_warmup_iters\": %d, \"lr_decay_iters\": %d, \"weight_decay\": %.17g, "
+      "\"clip_grad\": %.17g, \"seed\": %d, \"hidden_dropout\": %.17g, "
+      "\"attention_dropout\": %.17g, \"tensor_model_parallel_size\": %d, "
+      "\"pipeline_model_parallel_size\": %d, \"data_parallel_size\": %d, "
+      "\"sequence_parallel\": %s, \"use_distributed_optimizer\": %s, \"tokenizer_type\": \"%s\"}",
+      a.micro_batch_size, a.global_batch_size, a.seq_length, a.train_iters, a.lr, a.min_lr,
+      a.lr_decay_style, a.lr_warmup_iters, a.lr_decay_iters, a.weight_decay, a.clip_grad, a.seed,
+      a.hidden_dropout, a.attention_dropout, a.tensor_model_parallel_size,
+      a.pipeline_model_parallel_size, a.data_parallel_size(),
+      a.sequence_parallel ? "true" : "false", a.use_distributed_optimizer ? "true" : "false",
+      a.tokenizer_type);
+}
+
+}  // namespace leantron::trainer

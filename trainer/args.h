@@ -1,0 +1,75 @@
+// The `train` command line: Megatron's pretrain_gpt.py flag names (../shared/specs/trainer.md),
+// parsed with CLI11 and checked as a whole before any work starts.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "libckpt/model_config.h"
+
+namespace CLI {
+class App;
+}
+
+namespace leantron::trainer {
+
+struct TrainArgs {
+  // Model.
+  int64_t num_layers = 0, hidden_size = 0, num_attention_heads = 0, ffn_hidden_size = 0;
+  int64_t seq_length = 0, max_position_embeddings = 0, kv_channels = 0;
+  bool openai_gelu = false;
+  double init_method_std = 0.02, hidden_dropout = 0.1, attention_dropout = 0.1;
+  int64_t make_vocab_size_divisible_by = 128;
+  double norm_epsilon = 1e-5;
+  std::string tokenizer_type = "GPT2BPETokenizer";
+  int64_t vocab_size = 0;  // NullTokenizer's --vocab-size
+  std::string vocab_file, merge_file;
+  // Parallelism.
+  int tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1;
+  bool sequence_parallel = false, use_distributed_optimizer = false;
+  int nproc_per_node = 0;
+  // Training.
+  int64_t micro_batch_size = 1, global_batch_size = 0, train_iters = 0;
+  double lr = 0.0, min_lr = 0.0, lr_warmup_init = 0.0;
+  std::string lr_decay_style = "linear", lr_wsd_decay_style = "exponential";
+  int64_t lr_warmup_iters = 0, lr_decay_iters = 0, lr_wsd_decay_iters = 0;
+  double weight_decay = 0.01, adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
+  double clip_grad = 1.0;
+  uint32_t seed = 1234;
+  int64_t ddp_bucket_size = 40000000;
+  // Data and checkpoints.
+  std::vector<std::string> data_path;
+  std::string split = "969, 30, 1";
+  bool mock_data = false;
+  std::string data_cache_path;
+  std::string save, load;
+  int64_t save_interval = 0;
+  bool no_load_optim = false, no_load_rng = false, finetune = false;
+  // Logging and evaluation.
+  int64_t log_interval = 100, eval_interval = 1000, eval_iters = 100;
+  bool log_throughput = false;
+  std::string backend = "cpu";
+
+  int world_size = 1;  // from the launcher; DP = world / (TP·PP)
+  int data_parallel_size() const {
+    return world_size / (tensor_model_parallel_size * pipeline_model_parallel_size);
+  }
+  int64_t num_micro_batches() const {
+    return global_batch_size / (micro_batch_size * data_parallel_size());
+  }
+  // The tokenizer's vocabulary (before padding).
+  int64_t true_vocab_size() const;
+};
+
+// Registers every flag on `app`.
+void AddTrainFlags(CLI::App& app, TrainArgs* args);
+// Fills derived defaults and refuses inconsistent settings with one line naming the numbers.
+absl::Status ValidateTrainArgs(TrainArgs* args);
+// The model config libckpt names and shards.
+ckpt::ModelConfig ModelConfigFromArgs(const TrainArgs& args);
+// The arguments that decide the numbers of a run, as one JSON object for checkpoint metadata.
+std::string TrainArgsToJson(const TrainArgs& args);
+
+}  // namespace leantron::trainer

@@ -1,0 +1,330 @@
+#include "trainer/model.h"
+
+#include "absl/strings/str_format.h"
+
+namespace leantron::trainer {
+
+GptModel::GptModel(Ops* ops, const ckpt::ModelLayout& layout, Communicator* tp, ParamStore* params,
+                   int pp_rank, const ModelOptions& options)
+    : ops_(ops), layout_(layout), tp_(tp), params_(params), opt_(options) {
+  const ckpt::ModelConfig& c = layout.config();
+  const ckpt::ParallelConfig& p = layout.parallel();
+  tp_rank_ = tp->rank();
+  tp_size_ = tp->size();
+  first_stage_ = pp_rank == 0;
+  last_stage_ = pp_rank == p.pp - 1;
+  h_ = c.hidden_size;
+  total_heads_ = c.num_attention_heads;
+  heads_local_ = c.num_attention_heads / tp_size_;
+  head_dim_ = c.kv_channels;
+  ffn_local_ = c.ffn_hidden_size / tp_size_;
+  vocab_local_ = layout.padded_vocab_size() / tp_size_;
+  rows_full_ = opt_.micro_batch * opt_.seq_length;
+  rows_local_ = opt_.sequence_parallel ? rows_full_ / tp_size_ : rows_full_;
+  eps_ = static_cast<float>(c.norm_epsilon);
+  tanh_gelu_ = c.activation == ckpt::Activation::kGeluTanh;
+
+  auto param = [&](const std::string& n) { return params_->Param(n); };
+  auto grad = [&](const std::string& n) { return params_->Grad(n); };
+  const auto [first_layer, last_layer] = layout.StageLayers(pp_rank, 0);
+  for (int i = first_layer; i < last_layer; ++i) {
+    const std::string pre = absl::StrFormat("decoder.layers.%d.", i);
+    LayerWeights w;
+    w.global_index = i;
+    w.ln1_w = param(pre + "input_layernorm.weight");
+    w.ln1_b = param(pre + "input_layernorm.bias");
+    w.qkv_w = param(pre + "self_attention.linear_qkv.weight");
+    w.qkv_b = param(pre + "self_attention.linear_qkv.bias");
+    w.proj_w = param(pre + "self_attention.linear_proj.weight");
+    w.proj_b = param(pre + "self_attention.linear_proj.bias");
+    w.ln2_w = param(pre + "pre_mlp_layernorm.weight");
+    w.ln2_b = param(pre + "pre_mlp_layernorm.bias");
+    w.fc1_w = param(pre + "mlp.linear_fc1.weight");
+    w.fc1_b = param(pre + "mlp.linear_fc1.bias");
+    w.fc2_w = param(pre + "mlp.linear_fc2.weight");
+    w.fc2_b = param(pre + "mlp.linear_fc2.bias");
+    w.d_ln1_w = grad(pre + "input_layernorm.weight");
+    w.d_ln1_b = grad(pre + "input_layernorm.bias");
+    w.d_qkv_w = grad(pre + "self_attention.linear_qkv.weight");
+    w.d_qkv_b = grad(pre + "self_attention.linear_qkv.bias");
+    w.d_proj_w = grad(pre + "self_attention.linear_proj.weight");
+    w.d_proj_b = grad(pre + "self_attention.linear_proj.bias");
+    w.d_ln2_w = grad(pre + "pre_mlp_layernorm.weight");
+    w.d_ln2_b = grad(pre + "pre_mlp_layernorm.bias");
+    w.d_fc1_w = grad(pre + "mlp.linear_fc1.weight");
+    w.d_fc1_b = grad(pre + "mlp.linear_fc1.bias");
+    w.d_fc2_w = grad(pre + "mlp.linear_fc2.weight");
+    w.d_fc2_b = grad(pre + "mlp.linear_fc2.bias");
+    layers_.push_back(w);
+  }
+  if (first_stage_) {
+    word_emb_ = param("embedding.word_embeddings.weight");
+    d_word_emb_ = grad("embedding.word_embeddings.weight");
+    pos_emb_ = param("embedding.position_embeddings.weight");
+    d_pos_emb_ = grad("embedding.position_embeddings.weight");
+  }
+  if (last_stage_) {
+    lnf_w_ = param("decoder.final_layernorm.weight");
+    lnf_b_ = param("decoder.final_layernorm.bias");
+    d_lnf_w_ = grad("decoder.final_layernorm.weight");
+    d_lnf_b_ = grad("decoder.final_layernorm.bias");
+    // Tied embeddings with one stage: the output layer is the embedding itself and both uses
+    // accumulate into one gradient. Otherwise the last stage holds its own (tied) copy.
+    if (params_->Find("output_layer.weight") != nullptr) {
+      out_w_ = param("output_layer.weight");
+      d_out_w_ = grad("output_layer.weight");
+    } else {
+      out_w_ = word_emb_;
+      d_out_w_ = d_word_emb_;
+    }
+  }
+  const int64_t qkv_width = 3 * heads_local_ * head_dim_;
+  dhidden_ = A(rows_local_ * h_);
+  dtmp_ = A(rows_local_ * h_);
+  dfull_ = A(rows_full_ * h_);
+  dfull2_ = A(rows_full_ * h_);
+  tmp_full_ = A(rows_full_ * h_);
+  dqkv_ = A(rows_full_ * qkv_width);
+  dattn_ = A(rows_full_ * heads_local_ * head_dim_);
+  dfc1_ = A(rows_full_ * ffn_local_);
+  dgelu_ = A(rows_full_ * ffn_local_);
+  dlogits_ = last_stage_ ? A(rows_full_ * vocab_local_) : nullptr;
+  dlosses_ = A(rows_full_);
+  positions_.resize(rows_local_);
+  const int64_t row_offset = opt_.sequence_parallel ? tp_rank_ * rows_local_ : 0;
+  for (int64_t r = 0; r < rows_local_; ++r)
+    positions_[r] = static_cast<int32_t>((row_offset + r) % opt_.seq_length);
+}
+
+GptModel::~GptModel() {
+  for (float* p : allocations_) ops_->Free(p);
+}
+
+float* GptModel::A(size_t n) {
+  float* p = ops_->Alloc(n);
+  allocations_.push_back(p);
+  return p;
+}
+
+GptModel::Slot& GptModel::GetSlot(int index) {
+  if (index < static_cast<int>(slots_.size()) && slots_[index]) return *slots_[index];
+  if (index >= static_cast<int>(slots_.size())) slots_.resize(index + 1);
+  auto s = std::make_unique<Slot>();
+  const bool sp = opt_.sequence_parallel;
+  const int64_t nl = static_cast<int64_t>(layers_.size());
+  for (int64_t l = 0; l <= nl; ++l) s->hidden.push_back(A(rows_local_ * h_));
+  for (int64_t l = 0; l < nl; ++l) {
+    LayerActs a;
+    a.ln1 = A(rows_local_ * h_);
+    a.ln1_mean = A(rows_local_);
+    a.ln1_rstd = A(rows_local_);
+    a.ln1_full = sp ? A(rows_full_ * h_) : a.ln1;
+    a.qkv = A(rows_full_ * 3 * heads_local_ * head_dim_);
+    a.probs = A(opt_.micro_batch * heads_local_ * opt_.seq_length * opt_.seq_length);
+    a.attn = A(rows_full_ * heads_local_ * head_dim_);
+    a.mid = A(rows_local_ * h_);
+    a.ln2 = A(rows_local_ * h_);
+    a.ln2_mean = A(rows_local_);
+    a.ln2_rstd = A(rows_local_);
+    a.ln2_full = sp ? A(rows_full_ * h_) : a.ln2;
+    a.fc1 = A(rows_full_ * ffn_local_);
+    a.gelu = A(rows_full_ * ffn_local_);
+    s->layers.push_back(a);
+  }
+  if (last_stage_) {
+    s->lnf = A(rows_local_ * h_);
+    s->lnf_mean = A(rows_local_);
+    s->lnf_rstd = A(rows_local_);
+    s->lnf_full = sp ? A(rows_full_ * h_) : s->lnf;
+    s->logits = A(rows_full_ * vocab_local_);
+    s->ce_stats = A(2 * rows_full_);
+    s->losses = A(rows_full_);
+  }
+  slots_[index] = std::move(s);
+  return *slots_[index];
+}
+
+HiddenDropout GptModel::HiddenDrop(const MicroBatch& mb, int layer, int site) const {
+  HiddenDropout d;
+  d.p = mb.training ? opt_.hidden_dropout : 0.0f;
+  d.seed = SplitMix64(opt_.seed ^ SplitMix64(static_cast<uint64_t>(layer + 1) * 8 + site));
+  d.first_sample = mb.first_sample;
+  d.seq_length = opt_.seq_length;
+  d.row_offset = opt_.sequence_parallel ? tp_rank_ * rows_local_ : 0;
+  return d;
+}
+
+AttentionDropout GptModel::AttnDrop(const MicroBatch& mb, int layer) const {
+  AttentionDropout d;
+  d.p = mb.training ? opt_.attention_dropout : 0.0f;
+  d.seed = SplitMix64(opt_.seed ^ SplitMix64(static_cast<uint64_t>(layer + 1) * 8 + 3));
+  d.first_sample = mb.first_sample;
+  d.head_offset = tp_rank_ * heads_local_;
+  d.total_heads = total_heads_;
+  return d;
+}
+
+const float* GptModel::GatherRows(const float* shard, float* full) {
+  if (!opt_.sequence_parallel) return shard;
+  tp_->AllGather(shard, full, rows_local_ * h_);
+  return full;
+}
+
+void GptModel::ReduceRows(float* full, float* shard) {
+  if (opt_.sequence_parallel) {
+    tp_->ReduceScatter(full, shard, rows_local_ * h_);
+    return;
+  }
+  if (tp_size_ > 1) tp_->AllReduceSum(full, rows_full_ * h_);
+  if (shard != full) ops_->Copy(shard, full, rows_full_ * h_);
+}
+
+void GptModel::EmbeddingForward(Slot& s) {
+  const int64_t vocab_begin = tp_rank_ * vocab_local_;
+  ops_->EmbeddingForward(tmp_full_, s.mb.tokens.data(), word_emb_, rows_full_, h_, vocab_begin,
+                         vocab_begin + vocab_local_);
+  ReduceRows(tmp_full_, s.hidden[0]);
+  if (pos_emb_ != nullptr)
+    ops_->PositionForward(s.hidden[0], positions_.data(), pos_emb_, rows_local_, h_);
+  ops_->Dropout(s.hidden[0], rows_local_, h_, HiddenDrop(s.mb, -1, 0));
+}
+
+void GptModel::EmbeddingBackward(Slot& s) {
+  ops_->Dropout(dhidden_, rows_local_, h_, HiddenDrop(s.mb, -1, 0));
+  if (d_pos_emb_ != nullptr)
+    ops_->PositionBackward(d_pos_emb_, dhidden_, positions_.data(), rows_local_, h_);
+  const float* d = GatherRows(dhidden_, dfull_);
+  const int64_t vocab_begin = tp_rank_ * vocab_local_;
+  ops_->EmbeddingBackward(d_word_emb_, d, s.mb.tokens.data(), rows_full_, h_, vocab_begin,
+                          vocab_begin + vocab_local_);
+}
+
+void GptModel::LayerForward(Slot& s, int l) {
+  const LayerWeights& w = layers_[l];
+  LayerActs& a = s.layers[l];
+  const float* x = s.hidden[l];
+  float* y = s.hidden[l + 1];
+  const int64_t n_local = rows_local_ * h_;
+  const int64_t attn_width = heads_local_ * head_dim_;
+  // Attention block: mid = x + dropout(proj(attention(qkv(ln1(x)))) + b_proj).
+  ops_->LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1_w, w.ln1_b, rows_local_, h_, eps_);
+  const float* ln1 = GatherRows(a.ln1, a.ln1_full);
+  ops_->LinearForward(a.qkv, ln1, w.qkv_w, w.qkv_b, rows_full_, h_, 3 * attn_width);
+  ops_->AttentionForward(a.attn, a.probs, a.qkv, opt_.micro_batch, opt_.seq_length, heads_local_,
+                         head_dim_, AttnDrop(s.mb, w.global_index));
+  ops_->LinearForward(tmp_full_, a.attn, w.proj_w, nullptr, rows_full_, attn_width, h_);
+  ReduceRows(tmp_full_, a.mid);
+  if (w.proj_b) ops_->AddBias(a.mid, w.proj_b, rows_local_, h_);
+  ops_->Dropout(a.mid, rows_local_, h_, HiddenDrop(s.mb, w.global_index, 1));
+  ops_->AddInPlace(a.mid, x, n_local);
+  // MLP block: y = mid + dropout(fc2(gelu(fc1(ln2(mid)))) + b_fc2).
+  ops_->LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.mid, w.ln2_w, w.ln2_b, rows_local_, h_,
+                         eps_);
+  const float* ln2 = GatherRows(a.ln2, a.ln2_full);
+  ops_->LinearForward(a.fc1, ln2, w.fc1_w, w.fc1_b, rows_full_, h_, ffn_local_);
+  ops_->GeluForward(a.gelu, a.fc1, rows_full_ * ffn_local_, tanh_gelu_);
+  ops_->LinearForward(tmp_full_, a.gelu, w.fc2_w, nullptr, rows_full_, ffn_local_, h_);
+  ReduceRows(tmp_full_, y);
+  if (w.fc2_b) ops_->AddBias(y, w.fc2_b, rows_local_, h_);
+  ops_->Dropout(y, rows_local_, h_, HiddenDrop(s.mb, w.global_index, 2));
+  ops_->AddInPlace(y, a.mid, n_local);
+}
+
+void GptModel::LayerBackward(Slot& s, int l) {
+  const LayerWeights& w = layers_[l];
+  LayerActs& a = s.layers[l];
+  const float* x = s.hidden[l];
+  const int64_t n_local = rows_local_ * h_;
+  const int64_t attn_width = heads_local_ * head_dim_;
+  // dhidden_ holds d(y); it becomes d(mid), then d(x): the residual paths pass it through and
+  // the norms' backward adds their share.
+  ops_->Copy(dtmp_, dhidden_, n_local);
+  ops_->Dropout(dtmp_, rows_local_, h_, HiddenDrop(s.mb, w.global_index, 2));
+  if (w.d_fc2_b) ops_->BiasBackward(w.d_fc2_b, dtmp_, rows_local_, h_);
+  const float* dy = GatherRows(dtmp_, dfull_);
+  ops_->LinearBackward(dgelu_, w.d_fc2_w, nullptr, dy, a.gelu, w.fc2_w, rows_full_, ffn_local_, h_,
+                       false);
+  ops_->GeluBackward(dfc1_, dgelu_, a.fc1, rows_full_ * ffn_local_, tanh_gelu_);
+  ops_->LinearBackward(dfull2_, w.d_fc1_w, w.d_fc1_b, dfc1_, a.ln2_full, w.fc1_w, rows_full_, h_,
+                       ffn_local_, false);
+  ReduceGradRows(dfull2_, dtmp_);
+  ops_->LayerNormBackward(dhidden_, w.d_ln2_w, w.d_ln2_b, dtmp_, a.mid, w.ln2_w, a.ln2_mean,
+                          a.ln2_rstd, rows_local_, h_);
+
+  ops_->Copy(dtmp_, dhidden_, n_local);
+  ops_->Dropout(dtmp_, rows_local_, h_, HiddenDrop(s.mb, w.global_index, 1));
+  if (w.d_proj_b) ops_->BiasBackward(w.d_proj_b, dtmp_, rows_local_, h_);
+  const float* dproj = GatherRows(dtmp_, dfull_);
+  ops_->LinearBackward(dattn_, w.d_proj_w, nullptr, dproj, a.attn, w.proj_w, rows_full_, attn_width,
+                       h_, false);
+  ops_->AttentionBackward(dqkv_, dattn_, a.qkv, a.probs, opt_.micro_batch, opt_.seq_length,
+                          heads_local_, head_dim_, AttnDrop(s.mb, w.global_index));
+  ops_->LinearBackward(dfull2_, w.d_qkv_w, w.d_qkv_b, dqkv_, a.ln1_full, w.qkv_w, rows_full_, h_,
+                       3 * attn_width, false);
+  ReduceGradRows(dfull2_, dtmp_);
+  ops_->LayerNormBackward(dhidden_, w.d_ln1_w, w.d_ln1_b, dtmp_, x, w.ln1_w, a.ln1_mean, a.ln1_rstd,
+                          rows_local_, h_);
+}
+
+float GptModel::HeadForward(Slot& s) {
+  const float* x = s.hidden[layers_.size()];
+  ops_->LayerNormForward(s.lnf, s.lnf_mean, s.lnf_rstd, x, lnf_w_, lnf_b_, rows_local_, h_, eps_);
+  const float* lnf = GatherRows(s.lnf, s.lnf_full);
+  ops_->LinearForward(s.logits, lnf, out_w_, nullptr, rows_full_, h_, vocab_local_);
+  ReduceHook max_hook, sum_hook;
+  if (tp_size_ > 1) {
+    max_hook = [this](float* d, int64_t n) { tp_->AllReduceMax(d, n); };
+    sum_hook = [this](float* d, int64_t n) { tp_->AllReduceSum(d, n); };
+  }
+  ops_->CrossEntropyForward(s.losses, s.ce_stats, s.logits, s.mb.labels.data(), rows_full_,
+                            vocab_local_, tp_rank_ * vocab_local_, max_hook, sum_hook);
+  double sum = 0.0;
+  int64_t count = 0;
+  for (int64_t r = 0; r < rows_full_; ++r) {
+    if (s.mb.labels[r] < 0) continue;
+    sum += s.losses[r];
+    ++count;
+  }
+  s.loss_tokens = count;
+  return count > 0 ? static_cast<float>(sum / count) : 0.0f;
+}
+
+void GptModel::HeadBackward(Slot& s, float loss_scale) {
+  const float per_token = s.loss_tokens > 0 ? loss_scale / s.loss_tokens : 0.0f;
+  for (int64_t r = 0; r < rows_full_; ++r) dlosses_[r] = s.mb.labels[r] >= 0 ? per_token : 0.0f;
+  ops_->CrossEntropyBackward(dlogits_, dlosses_, s.ce_stats, s.logits, s.mb.labels.data(),
+                             rows_full_, vocab_local_, tp_rank_ * vocab_local_);
+  ops_->LinearBackward(dfull_, d_out_w_, nullptr, dlogits_, s.lnf_full, out_w_, rows_full_, h_,
+                       vocab_local_, false);
+  ReduceGradRows(dfull_, dtmp_);
+  ops_->Zero(dhidden_, rows_local_ * h_);
+  ops_->LayerNormBackward(dhidden_, d_lnf_w_, d_lnf_b_, dtmp_, s.hidden[layers_.size()], lnf_w_,
+                          s.lnf_mean, s.lnf_rstd, rows_local_, h_);
+}
+
+float GptModel::Forward(int slot, const MicroBatch& mb, const float* input) {
+  Slot& s = GetSlot(slot);
+  s.mb = mb;
+  if (first_stage_) {
+    EmbeddingForward(s);
+  } else {
+    ops_->Copy(s.hidden[0], input, rows_local_ * h_);
+  }
+  for (size_t l = 0; l < layers_.size(); ++l) LayerForward(s, static_cast<int>(l));
+  return last_stage_ ? HeadForward(s) : 0.0f;
+}
+
+const float* GptModel::Output(int slot) const { return slots_[slot]->hidden[layers_.size()]; }
+
+void GptModel::Backward(int slot, const float* doutput, float loss_scale) {
+  Slot& s = *slots_[slot];
+  if (last_stage_) {
+    HeadBackward(s, loss_scale);
+  } else {
+    ops_->Copy(dhidden_, doutput, rows_local_ * h_);
+  }
+  for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) LayerBackward(s, l);
+  if (first_stage_) EmbeddingBackward(s);
+}
+
+}  // namespace leantron::trainer

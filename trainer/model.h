@@ -1,0 +1,125 @@
+// The GPT-2-style model on one pipeline stage of one tensor-parallel rank, written once against
+// `Ops` (compute) and `Communicator` (tensor-parallel collectives):
+//   column-parallel linear_qkv / linear_fc1 (rows split), row-parallel linear_proj / linear_fc2
+//   (columns split, all-reduce or reduce-scatter after), vocab-parallel embedding and
+//   cross-entropy, and with sequence parallelism the norms, dropouts and residuals on a 1/TP row
+//   shard (all-gather before column-parallel linears, reduce-scatter after row-parallel ones).
+// Activations live in numbered slots so a pipeline schedule can keep several micro-batches in
+// flight; gradients accumulate into the ParamStore's flat gradient buffer.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "libckpt/layout.h"
+#include "trainer/comm.h"
+#include "trainer/ops.h"
+#include "trainer/params.h"
+
+namespace leantron::trainer {
+
+struct ModelOptions {
+  int64_t micro_batch = 1;
+  int64_t seq_length = 0;
+  float hidden_dropout = 0.1f;
+  float attention_dropout = 0.1f;
+  bool sequence_parallel = false;
+  uint64_t seed = 1234;
+};
+
+struct MicroBatch {
+  std::vector<int32_t> tokens;  // [micro_batch · seq_length]
+  std::vector<int32_t> labels;  // same shape; −1 = no loss (padding)
+  int64_t first_sample = 0;     // global index of its first sample (dropout masks)
+  bool training = true;         // dropout only when training
+};
+
+class GptModel {
+ public:
+  GptModel(Ops* ops, const ckpt::ModelLayout& layout, Communicator* tp, ParamStore* params,
+           int pp_rank, const ModelOptions& options);
+  ~GptModel();
+  GptModel(const GptModel&) = delete;
+  GptModel& operator=(const GptModel&) = delete;
+
+  bool first_stage() const { return first_stage_; }
+  bool last_stage() const { return last_stage_; }
+  // Rows of the hidden tensor between stages on this rank ([rows, hidden]).
+  int64_t hidden_rows() const { return rows_local_; }
+  int64_t hidden_size() const { return h_; }
+
+  // Runs this stage's forward for `mb` into activation slot `slot`. `input` is the previous
+  // stage's output (ignored on the first stage). On the last stage returns the micro-batch's
+  // mean loss over its unmasked tokens (the same on every TP rank); 0 elsewhere.
+  float Forward(int slot, const MicroBatch& mb, const float* input);
+  const float* Output(int slot) const;  // this stage's output hidden (not on the last stage)
+  // Backward of slot `slot`; `doutput` is the next stage's input gradient (ignored on the last
+  // stage, where the loss gradient is `loss_scale` / unmasked tokens per token). Gradients
+  // accumulate into the ParamStore.
+  void Backward(int slot, const float* doutput, float loss_scale);
+  const float* InputGrad() const { return dhidden_; }  // after Backward, not on the first stage
+
+ private:
+  struct LayerWeights {
+    int global_index = 0;
+    const float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b;
+    const float *ln2_w, *ln2_b, *fc1_w, *fc1_b, *fc2_w, *fc2_b;
+    float *d_ln1_w, *d_ln1_b, *d_qkv_w, *d_qkv_b, *d_proj_w, *d_proj_b;
+    float *d_ln2_w, *d_ln2_b, *d_fc1_w, *d_fc1_b, *d_fc2_w, *d_fc2_b;
+  };
+  struct LayerActs {
+    float *ln1, *ln1_mean, *ln1_rstd, *ln1_full, *qkv, *probs, *attn, *mid;
+    float *ln2, *ln2_mean, *ln2_rstd, *ln2_full, *fc1, *gelu;
+  };
+  struct Slot {
+    MicroBatch mb;
+    std::vector<float*> hidden;  // [layers + 1] residual stream, [rows_local, h]
+    std::vector<LayerActs> layers;
+    float *lnf, *lnf_mean, *lnf_rstd, *lnf_full, *logits, *ce_stats, *losses;
+    int64_t loss_tokens = 0;
+  };
+
+  Slot& GetSlot(int slot);
+  float* A(size_t n);  // slot allocation, freed with the model
+  HiddenDropout HiddenDrop(const MicroBatch& mb, int layer, int site) const;
+  AttentionDropout AttnDrop(const MicroBatch& mb, int layer) const;
+  // Column-parallel input: under SP all-gather the row shard, else the same buffer.
+  const float* GatherRows(const float* shard, float* full);
+  // Row-parallel output partial sums [rows_full, h] → this rank's reduced [rows_local, h].
+  void ReduceRows(float* full, float* shard);
+  // Gradient of a gathered input [rows_full, h] → this rank's rows, summed over TP.
+  void ReduceGradRows(float* full, float* shard) { ReduceRows(full, shard); }
+
+  void EmbeddingForward(Slot& s);
+  void EmbeddingBackward(Slot& s);
+  void LayerForward(Slot& s, int l);
+  void LayerBackward(Slot& s, int l);
+  float HeadForward(Slot& s);
+  void HeadBackward(Slot& s, float loss_scale);
+
+  Ops* ops_;
+  const ckpt::ModelLayout& layout_;
+  Communicator* tp_;
+  ParamStore* params_;
+  ModelOptions opt_;
+  bool first_stage_ = false, last_stage_ = false;
+  int tp_rank_ = 0, tp_size_ = 1;
+  int64_t h_ = 0, heads_local_ = 0, head_dim_ = 0, ffn_local_ = 0, vocab_local_ = 0;
+  int64_t total_heads_ = 0, rows_full_ = 0, rows_local_ = 0;
+  float eps_ = 1e-5f;
+  bool tanh_gelu_ = false;
+  std::vector<LayerWeights> layers_;
+  const float *word_emb_ = nullptr, *pos_emb_ = nullptr, *lnf_w_ = nullptr, *lnf_b_ = nullptr,
+              *out_w_ = nullptr;
+  float *d_word_emb_ = nullptr, *d_pos_emb_ = nullptr, *d_lnf_w_ = nullptr, *d_lnf_b_ = nullptr,
+        *d_out_w_ = nullptr;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::vector<float*> allocations_;
+  // Scratch shared by all slots (one backward at a time).
+  float *dhidden_, *dtmp_, *dfull_, *dfull2_, *dqkv_, *dattn_, *dfc1_, *dgelu_, *dlogits_,
+      *dlosses_, *tmp_full_;
+  std::vector<int32_t> positions_;
+};
+
+}  // namespace leantron::trainer

@@ -1,0 +1,146 @@
+// The op interface the model is written against: forward and explicit backward of every layer
+// (llm.c style, no autograd). Pointers are backend memory (host for `cpu`, device for a future
+// `cuda` backend); shapes are row-major and "rows" are tokens in [batch, sequence] order.
+// Backward ops accumulate (+=) into parameter gradients and, where stated, into input gradients,
+// so gradient accumulation over micro-batches and residual branches needs no extra adds.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace leantron::trainer {
+
+// Dropout masks are a pure function of (seed, global sample, position inside the sample), never
+// of the parallel layout or of what ran before: every layout drops the same elements, and resuming
+// needs no RNG state. `seed` already mixes the run seed, iteration, layer and site.
+struct HiddenDropout {
+  float p = 0.0f;
+  uint64_t seed = 0;
+  int64_t first_sample = 0;  // global index of the micro-batch's first sample
+  int64_t seq_length = 0;
+  int64_t row_offset = 0;  // rows before this shard (sequence parallelism)
+};
+
+struct AttentionDropout {
+  float p = 0.0f;
+  uint64_t seed = 0;
+  int64_t first_sample = 0;
+  int64_t head_offset = 0;  // global index of this rank's first head (tensor parallelism)
+  int64_t total_heads = 0;
+};
+
+// Reduction across the vocabulary shards of a vocab-parallel cross-entropy (identity without TP).
+using ReduceHook = std::function<void(float* data, int64_t n)>;
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+  virtual std::string name() const = 0;
+
+  // Memory (zero-filled on allocation) and element-wise basics.
+  virtual float* Alloc(size_t n) = 0;
+  virtual void Free(float* p) = 0;
+  virtual void Zero(float* p, size_t n) = 0;
+  virtual void Copy(float* dst, const float* src, size_t n) = 0;
+  virtual void Scale(float* p, size_t n, float s) = 0;
+  virtual void AddInPlace(float* a, const float* b, size_t n) = 0;  // a += b
+  // out[r, c] += bias[c]; dbias[c] += sum_r dout[r, c]
+  virtual void AddBias(float* out, const float* bias, int64_t rows, int64_t cols) = 0;
+  virtual void BiasBackward(float* dbias, const float* dout, int64_t rows, int64_t cols) = 0;
+
+  // out[M, N] = in[M, K] · weight[N, K]ᵀ + bias[N] (bias may be null).
+  virtual void LinearForward(float* out, const float* in, const float* weight, const float* bias,
+                             int64_t m, int64_t k, int64_t n) = 0;
+  // din[M, K] = dout · weight (+= when accumulate_din; skipped when din is null);
+  // dweight[N, K] += doutᵀ · in; dbias[N] += Σ_rows dout (when dbias is non-null).
+  virtual void LinearBackward(float* din, float* dweight, float* dbias, const float* dout,
+                              const float* in, const float* weight, int64_t m, int64_t k, int64_t n,
+                              bool accumulate_din) = 0;
+
+  // LayerNorm over the last dimension; keeps mean and 1/std per row for the backward.
+  virtual void LayerNormForward(float* out, float* mean, float* rstd, const float* in,
+                                const float* weight, const float* bias, int64_t rows, int64_t cols,
+                                float eps) = 0;
+  // din += ∂; dweight, dbias +=.
+  virtual void LayerNormBackward(float* din, float* dweight, float* dbias, const float* dout,
+                                 const float* in, const float* weight, const float* mean,
+                                 const float* rstd, int64_t rows, int64_t cols) = 0;
+
+  // GELU, erf form (Megatron's default) or tanh form (--openai-gelu). din = (not +=).
+  virtual void GeluForward(float* out, const float* in, size_t n, bool tanh_approx) = 0;
+  virtual void GeluBackward(float* din, const float* dout, const float* in, size_t n,
+                            bool tanh_approx) = 0;
+
+  // Causal self-attention over qkv [B, T, heads, 3, D] (per head q, k, v: Megatron's layout
+  // without grouping). out [B, T, heads·D]; probs [B, heads, T, T] keeps the softmax (before
+  // dropout) for the backward. dqkv = (not +=).
+  virtual void AttentionForward(float* out, float* probs, const float* qkv, int64_t batch,
+                                int64_t seq, int64_t heads, int64_t head_dim,
+                                const AttentionDropout& dropout) = 0;
+  virtual void AttentionBackward(float* dqkv, const float* dout, const float* qkv,
+                                 const float* probs, int64_t batch, int64_t seq, int64_t heads,
+                                 int64_t head_dim, const AttentionDropout& dropout) = 0;
+
+  // In place on x [rows, cols]: zero dropped elements, scale kept ones by 1/(1-p). The backward
+  // applies the same mask to the gradient.
+  virtual void Dropout(float* x, int64_t rows, int64_t cols, const HiddenDropout& dropout) = 0;
+
+  // out[r] = table[ids[r] - vocab_begin] for ids in [vocab_begin, vocab_end), else zeros
+  // (a vocab-parallel shard); the backward adds dout rows into the rows this shard owns.
+  virtual void EmbeddingForward(float* out, const int32_t* ids, const float* table, int64_t rows,
+                                int64_t cols, int64_t vocab_begin, int64_t vocab_end) = 0;
+  virtual void EmbeddingBackward(float* dtable, const float* dout, const int32_t* ids, int64_t rows,
+                                 int64_t cols, int64_t vocab_begin, int64_t vocab_end) = 0;
+  // out[r] += table[positions[r]]; dtable[positions[r]] += dout[r].
+  virtual void PositionForward(float* out, const int32_t* positions, const float* table,
+                               int64_t rows, int64_t cols) = 0;
+  virtual void PositionBackward(float* dtable, const float* dout, const int32_t* positions,
+                                int64_t rows, int64_t cols) = 0;
+
+  // Softmax cross-entropy on a vocabulary shard logits [rows, V_local] (columns are global ids
+  // [vocab_begin, vocab_begin + V_local)). Targets < 0 are ignored (loss 0). `reduce_max` and
+  // `reduce_sum` combine per-row partials across shards. Keeps per-row max and log-sum-exp in
+  // `stats` [2·rows] for the backward.
+  virtual void CrossEntropyForward(float* losses, float* stats, const float* logits,
+                                   const int32_t* targets, int64_t rows, int64_t vocab_local,
+                                   int64_t vocab_begin, const ReduceHook& reduce_max,
+                                   const ReduceHook& reduce_sum) = 0;
+  // dlogits = (softmax − onehot) · dloss[r] (not +=).
+  virtual void CrossEntropyBackward(float* dlogits, const float* dlosses, const float* stats,
+                                    const float* logits, const int32_t* targets, int64_t rows,
+                                    int64_t vocab_local, int64_t vocab_begin) = 0;
+
+  // Σ x² in float64 (for the global gradient norm) and whether any element is NaN/Inf.
+  virtual double SumSquares(const float* x, size_t n) = 0;
+
+  // AdamW (decoupled weight decay, torch.optim.AdamW's formula) on a flat range; `step` is the
+  // 1-based step count used for bias correction.
+  virtual void AdamWStep(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                         size_t n, float lr, float beta1, float beta2, float eps,
+                         float weight_decay, int64_t step) = 0;
+};
+
+// "cpu" is the float32 reference backend.
+absl::StatusOr<std::unique_ptr<Ops>> CreateOps(const std::string& backend);
+
+// Counter-based randomness shared by all backends.
+inline uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+// Uniform in [0, 1) for element `index` of sample `sample` under `seed`.
+inline float DropoutUniform(uint64_t seed, int64_t sample, int64_t index) {
+  const uint64_t h =
+      SplitMix64(SplitMix64(seed ^ (static_cast<uint64_t>(sample) * 0x2545f4914f6cdd1dULL)) +
+                 static_cast<uint64_t>(index));
+  return static_cast<float>(h >> 40) * (1.0f / 16777216.0f);
+}
+
+}  // namespace leantron::trainer

@@ -1,0 +1,131 @@
+#include "trainer/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace leantron::trainer {
+
+Optimizer::Optimizer(Ops* ops, ParamStore* params, ProcessGroups* groups,
+                     const OptimizerOptions& options)
+    : ops_(ops), params_(params), groups_(groups), opt_(options) {
+  const size_t n = params_->size();
+  const int dp = groups_->dp->size();
+  if (opt_.distributed && dp > 1) {
+    slice_ = (n + dp - 1) / dp;
+    begin_ = std::min(n, slice_ * groups_->dp->rank());
+    end_ = std::min(n, begin_ + slice_);
+  } else {
+    slice_ = n;
+    begin_ = 0;
+    end_ = n;
+  }
+  exp_avg_ = ops_->Alloc(end_ - begin_);
+  exp_avg_sq_ = ops_->Alloc(end_ - begin_);
+}
+
+Optimizer::~Optimizer() {
+  ops_->Free(exp_avg_);
+  ops_->Free(exp_avg_sq_);
+}
+
+void Optimizer::ZeroGrad() { ops_->Zero(params_->grad(), params_->size()); }
+
+void Optimizer::FinalizeGrads() {
+  float* grad = params_->grad();
+  // Sequence parallelism: replicated parameters saw only this rank's rows.
+  if (groups_->tp->size() > 1) {
+    for (const ParamView& v : params_->views())
+      if (v.tp_partial_grad) groups_->tp->AllReduceSum(grad + v.offset, v.numel);
+  }
+  // Tied embeddings across the first and last stage: both copies get the sum.
+  if (groups_->embedding) {
+    for (const char* name : {"embedding.word_embeddings.weight", "output_layer.weight"}) {
+      const ParamView* v = params_->Find(name);
+      if (v == nullptr) continue;
+      if (std::string(name) == "output_layer.weight" && v->spec->tied_to.empty()) continue;
+      groups_->embedding->AllReduceSum(grad + v->offset, v->numel);
+    }
+  }
+  Communicator* dp = groups_->dp.get();
+  if (dp->size() == 1) return;
+  const size_t n = params_->size();
+  const float inv = 1.0f / static_cast<float>(dp->size());
+  if (opt_.distributed) {
+    // Every rank needs only its slice summed; the Gloo backend's reduce-scatter is an all-reduce
+    // underneath, so reduce whole buckets and keep everything (the others' slices are unused).
+    for (size_t b = 0; b < n; b += opt_.bucket_elements)
+      dp->AllReduceSum(grad + b, std::min<size_t>(opt_.bucket_elements, n - b));
+  } else {
+    // Buckets bound the message size; on the CPU there is no backward to overlap them with.
+    for (size_t b = 0; b < n; b += opt_.bucket_elements)
+      dp->AllReduceSum(grad + b, std::min<size_t>(opt_.bucket_elements, n - b));
+  }
+  ops_->Scale(grad + begin_, end_ - begin_, inv);
+}
+
+StepResult Optimizer::Step(float lr) {
+  StepResult result;
+  float* grad = params_->grad();
+  float* data = params_->data();
+  // Squared norm over the parameters this rank counts, restricted to its optimizer slice.
+  double sq = 0.0;
+  for (const ParamView& v : params_->views()) {
+    if (!v.count_in_norm) continue;
+    const size_t b = std::max(begin_, v.offset), e = std::min(end_, v.offset + v.numel);
+    if (b < e) sq += ops_->SumSquares(grad + b, e - b);
+  }
+  groups_->model->AllReduceSumDouble(&sq, 1);
+  if (opt_.distributed && groups_->dp->size() > 1) groups_->dp->AllReduceSumDouble(&sq, 1);
+  result.grad_norm = std::sqrt(sq);
+  if (!std::isfinite(result.grad_norm)) {
+    result.skipped = true;
+    return result;
+  }
+  if (opt_.clip_grad > 0.0f) {
+    const double coeff = opt_.clip_grad / (result.grad_norm + 1e-6);
+    if (coeff < 1.0) ops_->Scale(grad + begin_, end_ - begin_, static_cast<float>(coeff));
+  }
+  ++step_;
+  for (const ParamView& v : params_->views()) {
+    const size_t b = std::max(begin_, v.offset), e = std::min(end_, v.offset + v.numel);
+    if (b >= e) continue;
+    ops_->AdamWStep(data + b, grad + b, exp_avg_ + (b - begin_), exp_avg_sq_ + (b - begin_), e - b,
+                    lr, opt_.beta1, opt_.beta2, opt_.eps, v.decay ? opt_.weight_decay : 0.0f,
+                    step_);
+  }
+  if (opt_.distributed && groups_->dp->size() > 1) {
+    // Each rank broadcasts its updated slice (a padded all-gather would need equal slices).
+    const int dp = groups_->dp->size();
+    const size_t n = params_->size();
+    for (int r = 0; r < dp; ++r) {
+      const size_t b = std::min(n, slice_ * r), e = std::min(n, b + slice_);
+      if (b < e) groups_->dp->Broadcast(data + b, e - b, r);
+    }
+  }
+  return result;
+}
+
+void Optimizer::GatherState(std::vector<float>* exp_avg, std::vector<float>* exp_avg_sq) {
+  const size_t n = params_->size();
+  exp_avg->assign(n, 0.0f);
+  exp_avg_sq->assign(n, 0.0f);
+  std::memcpy(exp_avg->data() + begin_, exp_avg_, (end_ - begin_) * sizeof(float));
+  std::memcpy(exp_avg_sq->data() + begin_, exp_avg_sq_, (end_ - begin_) * sizeof(float));
+  if (opt_.distributed && groups_->dp->size() > 1) {
+    for (int r = 0; r < groups_->dp->size(); ++r) {
+      const size_t b = std::min(n, slice_ * r), e = std::min(n, b + slice_);
+      if (b >= e) continue;
+      groups_->dp->Broadcast(exp_avg->data() + b, e - b, r);
+      groups_->dp->Broadcast(exp_avg_sq->data() + b, e - b, r);
+    }
+  }
+}
+
+void Optimizer::ScatterState(const std::vector<float>& exp_avg,
+                             const std::vector<float>& exp_avg_sq) {
+  std::memcpy(exp_avg_, exp_avg.data() + begin_, (end_ - begin_) * sizeof(float));
+  std::memcpy(exp_avg_sq_, exp_avg_sq.data() + begin_, (end_ - begin_) * sizeof(float));
+}
+
+}  // namespace leantron::trainer

@@ -1,0 +1,94 @@
+#include "trainer/params.h"
+
+#include <cmath>
+#include <cstring>
+#include <span>
+
+#include "absl/strings/match.h"
+
+namespace leantron::trainer {
+
+void FillNormal(uint64_t seed, const std::string& name, double std, std::vector<float>* out) {
+  uint64_t key = SplitMix64(seed);
+  for (char ch : name) key = SplitMix64(key ^ static_cast<unsigned char>(ch));
+  // Element i comes from counter i alone, so the leading rows of a padded vocabulary do not
+  // depend on how much padding there is (TP changes the padding).
+  const size_t n = out->size();
+  for (size_t i = 0; i < n; i += 2) {
+    const uint64_t a = SplitMix64(key + i), b = SplitMix64(key + i + 1);
+    const double u1 = (static_cast<double>(a >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+    const double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;
+    const double r = std::sqrt(-2.0 * std::log(u1));
+    (*out)[i] = static_cast<float>(std * r * std::cos(2.0 * M_PI * u2));
+    if (i + 1 < n) (*out)[i + 1] = static_cast<float>(std * r * std::sin(2.0 * M_PI * u2));
+  }
+}
+
+ParamStore::ParamStore(Ops* ops, const ckpt::ModelLayout& layout, int tp_rank, int pp_rank,
+                       bool sequence_parallel)
+    : ops_(ops), layout_(layout), tp_rank_(tp_rank) {
+  for (const ckpt::ParamSpec* spec : layout.StageParams(pp_rank)) {
+    ParamView v;
+    v.name = spec->name;
+    v.spec = spec;
+    v.shard_shape = layout.ShardShape(*spec);
+    v.numel = static_cast<size_t>(ckpt::NumElements(v.shard_shape));
+    v.offset = size_;
+    v.decay = spec->shape.size() > 1;
+    const bool replicated = spec->split == ckpt::TpSplit::kReplicated;
+    v.count_in_norm = spec->tied_to.empty() && (!replicated || tp_rank == 0);
+    v.tp_partial_grad = sequence_parallel && replicated && layout.parallel().tp > 1;
+    size_ += v.numel;
+    views_.push_back(std::move(v));
+  }
+  data_ = ops_->Alloc(size_);
+  grad_ = ops_->Alloc(size_);
+}
+
+ParamStore::~ParamStore() {
+  ops_->Free(data_);
+  ops_->Free(grad_);
+}
+
+const ParamView* ParamStore::Find(const std::string& name) const {
+  for (const ParamView& v : views_)
+    if (v.name == name) return &v;
+  return nullptr;
+}
+
+float* ParamStore::Param(const std::string& name) {
+  const ParamView* v = Find(name);
+  return v ? data_ + v->offset : nullptr;
+}
+
+float* ParamStore::Grad(const std::string& name) {
+  const ParamView* v = Find(name);
+  return v ? grad_ + v->offset : nullptr;
+}
+
+void ParamStore::Initialize(uint64_t seed, double init_std) {
+  const int64_t num_layers = layout_.config().num_layers;
+  const double output_std = init_std / std::sqrt(2.0 * static_cast<double>(num_layers));
+  std::vector<float> full, shard;
+  for (const ParamView& v : views_) {
+    const ckpt::ParamSpec& spec = *v.spec;
+    full.assign(static_cast<size_t>(ckpt::NumElements(spec.shape)), 0.0f);
+    const std::string& source = spec.tied_to.empty() ? spec.name : spec.tied_to;
+    if (absl::EndsWith(source, "layernorm.weight")) {
+      std::fill(full.begin(), full.end(), 1.0f);
+    } else if (absl::EndsWith(source, ".bias")) {
+      // zeros
+    } else if (absl::EndsWith(source, "linear_proj.weight") ||
+               absl::EndsWith(source, "linear_fc2.weight")) {
+      FillNormal(seed, source, output_std, &full);
+    } else {
+      FillNormal(seed, source, init_std, &full);
+    }
+    shard.assign(v.numel, 0.0f);
+    layout_.ExtractShard(spec, tp_rank_, sizeof(float), std::as_bytes(std::span<const float>(full)),
+                         std::as_writable_bytes(std::span<float>(shard)));
+    ops_->Copy(data_ + v.offset, shard.data(), v.numel);
+  }
+}
+
+}  // namespace leantron::trainer

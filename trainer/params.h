@@ -1,0 +1,66 @@
+// One flat fp32 buffer for the parameters of this rank's (tp, pp) shard, one for their gradients,
+// and named views into both with Megatron-Core names, so the optimizer steps one buffer, data
+// parallelism reduces it in buckets and checkpoints name its pieces. Which tensors and which shard
+// shapes come from libckpt's layout; nothing here derives a split rule.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "libckpt/layout.h"
+#include "trainer/ops.h"
+
+namespace leantron::trainer {
+
+struct ParamView {
+  std::string name;  // Megatron-Core name, global layer index
+  const ckpt::ParamSpec* spec = nullptr;
+  std::vector<int64_t> shard_shape;
+  size_t offset = 0;  // into the flat buffers
+  size_t numel = 0;
+  bool decay = true;  // no weight decay on biases and 1-D (norm) parameters
+  // Counted in the global gradient norm by this rank: replicated tensors only on TP rank 0, and
+  // the tied output copy never (its gradient equals the embedding's).
+  bool count_in_norm = true;
+  // Replicated across TP ranks but computed from this rank's sequence shard (sequence
+  // parallelism): its gradient is all-reduced over TP.
+  bool tp_partial_grad = false;
+};
+
+class ParamStore {
+ public:
+  ParamStore(Ops* ops, const ckpt::ModelLayout& layout, int tp_rank, int pp_rank,
+             bool sequence_parallel);
+  ~ParamStore();
+  ParamStore(const ParamStore&) = delete;
+  ParamStore& operator=(const ParamStore&) = delete;
+
+  // Megatron's initialisation, computed on the full tensor and then sharded, so that every layout
+  // starts from the same weights: normal(0, std) for weights and embeddings, std/sqrt(2L) for the
+  // output-side linears, ones/zeros for norms, zeros for biases.
+  void Initialize(uint64_t seed, double init_std);
+
+  float* data() { return data_; }
+  float* grad() { return grad_; }
+  size_t size() const { return size_; }
+  const std::vector<ParamView>& views() const { return views_; }
+  const ParamView* Find(const std::string& name) const;
+  float* Param(const std::string& name);  // nullptr when this rank does not hold it
+  float* Grad(const std::string& name);
+
+ private:
+  Ops* ops_;
+  const ckpt::ModelLayout& layout_;
+  int tp_rank_;
+  std::vector<ParamView> views_;
+  float* data_ = nullptr;
+  float* grad_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Deterministic standard normals for a named tensor (counter-based, Box-Muller in float64).
+void FillNormal(uint64_t seed, const std::string& name, double std, std::vector<float>* out);
+
+}  // namespace leantron::trainer

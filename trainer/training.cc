@@ -1,0 +1,338 @@
+#include "trainer/training.h"
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "libckpt/layout.h"
+#include "trainer/checkpoint.h"
+#include "trainer/data.h"
+#include "trainer/model.h"
+#include "trainer/optimizer.h"
+#include "trainer/params.h"
+#include "trainer/pipeline.h"
+#include "trainer/scheduler.h"
+
+namespace leantron::trainer {
+namespace {
+
+volatile std::sig_atomic_t g_stop_requested = 0;
+void OnStopSignal(int) { g_stop_requested = 1; }
+
+std::string Timestamp() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm;
+  localtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S", &tm);
+  return buf;
+}
+
+int64_t PeakResidentMiB() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::atoll(line.c_str() + 6) / 1024;
+  }
+  return 0;
+}
+
+// Every rank agrees whether any rank failed (data errors are found before any compute).
+absl::Status Agree(Communicator& world, const absl::Status& local) {
+  float failed = local.ok() ? 0.0f : 1.0f;
+  world.AllReduceMax(&failed, 1);
+  if (!local.ok()) return local;
+  if (failed > 0.0f) return absl::AbortedError("another rank failed");
+  return absl::OkStatus();
+}
+
+class Trainer {
+ public:
+  Trainer(const TrainArgs& args, ProcessGroups& groups) : args_(args), g_(groups) {}
+
+  absl::Status Run();
+
+ private:
+  absl::Status GetMicroBatches(data::SplitKind kind, int64_t consumed, bool training,
+                               std::vector<MicroBatch>* out);
+  absl::Status Evaluate(int64_t iteration, int64_t index);
+  absl::Status Save(const TrainPosition& position);
+  bool logging_rank() const { return g_.world_rank == g_.sizes.world() - 1; }
+  void Print(const std::string& s) {
+    std::fputs(s.c_str(), stdout);
+    std::fflush(stdout);
+  }
+
+  const TrainArgs& args_;
+  ProcessGroups& g_;
+  std::unique_ptr<Ops> ops_;
+  std::unique_ptr<ckpt::ModelLayout> layout_;
+  std::unique_ptr<ParamStore> params_;
+  std::unique_ptr<GptModel> model_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<BatchSource> data_;
+};
+
+absl::Status Trainer::GetMicroBatches(data::SplitKind kind, int64_t consumed, bool training,
+                                      std::vector<MicroBatch>* out) {
+  const int64_t mbs = args_.micro_batch_size, dp = g_.sizes.dp;
+  const int64_t m = args_.num_micro_batches();
+  out->resize(m);
+  absl::Status st;
+  for (int64_t j = 0; j < m && st.ok(); ++j) {
+    st = data_->Get(kind, consumed + j * mbs * dp + g_.coords.dp * mbs, mbs, &(*out)[j]);
+    (*out)[j].training = training;
+  }
+  return Agree(*g_.world, st);
+}
+
+absl::Status Trainer::Evaluate(int64_t iteration, int64_t index) {
+  double loss_sum = 0.0;
+  int64_t count = 0;
+  std::vector<MicroBatch> mbs;
+  for (int64_t k = 0; k < args_.eval_iters; ++k) {
+    const int64_t consumed = (index * args_.eval_iters + k) * args_.global_batch_size;
+    if (absl::Status s = GetMicroBatches(data::SplitKind::kValid, consumed, false, &mbs); !s.ok())
+      return s;
+    loss_sum += RunSchedule(*model_, *g_.pp, mbs, /*forward_only=*/true);
+    count += static_cast<int64_t>(mbs.size());
+  }
+  double loss[1] = {count > 0 ? loss_sum / count : 0.0};
+  g_.dp->AllReduceSumDouble(loss, 1);
+  loss[0] /= g_.sizes.dp;
+  if (logging_rank()) {
+    const std::string line =
+        absl::StrFormat(" validation loss at iteration %d | lm loss value: %E | lm loss PPL: %E | ",
+                        iteration, loss[0], std::exp(std::min(20.0, loss[0])));
+    const std::string rule(line.size() + 1, '-');
+    Print(absl::StrCat(rule, "\n", line, "\n", rule, "\n"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Save(const TrainPosition& position) {
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Status s = SaveTrainingCheckpoint(args_, *layout_, g_, *params_, *optimizer_, position);
+  if (!s.ok()) return s;
+  if (g_.world_rank == 0) {
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    Print(
+        absl::StrFormat("  successfully saved checkpoint from iteration %7d to %s [ t %d/%d, p "
+                        "%d/%d ] (%.1f ms)\n",
+                        position.iteration, args_.save, 1, g_.sizes.tp, 1, g_.sizes.pp, ms));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Run() {
+  absl::StatusOr<std::unique_ptr<Ops>> ops = CreateOps(args_.backend);
+  if (!ops.ok()) return ops.status();
+  ops_ = std::move(*ops);
+  const ckpt::ModelConfig config = ModelConfigFromArgs(args_);
+  absl::StatusOr<ckpt::ModelLayout> layout = ckpt::ModelLayout::Create(
+      config, {args_.tensor_model_parallel_size, args_.pipeline_model_parallel_size, 1});
+  if (!layout.ok()) return layout.status();
+  layout_ = std::make_unique<ckpt::ModelLayout>(std::move(*layout));
+  params_ = std::make_unique<ParamStore>(ops_.get(), *layout_, g_.coords.tp, g_.coords.pp,
+                                         args_.sequence_parallel);
+  params_->Initialize(args_.seed, args_.init_method_std);
+  ModelOptions mo;
+  mo.micro_batch = args_.micro_batch_size;
+  mo.seq_length = args_.seq_length;
+  mo.hidden_dropout = static_cast<float>(args_.hidden_dropout);
+  mo.attention_dropout = static_cast<float>(args_.attention_dropout);
+  mo.sequence_parallel = args_.sequence_parallel;
+  mo.seed = args_.seed;
+  model_ = std::make_unique<GptModel>(ops_.get(), *layout_, g_.tp.get(), params_.get(),
+                                      g_.coords.pp, mo);
+  OptimizerOptions oo;
+  oo.beta1 = static_cast<float>(args_.adam_beta1);
+  oo.beta2 = static_cast<float>(args_.adam_beta2);
+  oo.eps = static_cast<float>(args_.adam_eps);
+  oo.weight_decay = static_cast<float>(args_.weight_decay);
+  oo.clip_grad = static_cast<float>(args_.clip_grad);
+  oo.distributed = args_.use_distributed_optimizer;
+  oo.bucket_elements = args_.ddp_bucket_size;
+  optimizer_ = std::make_unique<Optimizer>(ops_.get(), params_.get(), &g_, oo);
+
+  DataOptions dopt;
+  dopt.mock = args_.mock_data;
+  dopt.data_path = args_.data_path;
+  dopt.split = args_.split;
+  dopt.seq_length = args_.seq_length;
+  dopt.seed = args_.seed;
+  dopt.train_iters = args_.train_iters;
+  dopt.eval_interval = args_.eval_interval;
+  dopt.eval_iters = args_.eval_iters;
+  dopt.global_batch = args_.global_batch_size;
+  dopt.vocab_size = config.vocab_size;
+  dopt.cache_dir = args_.data_cache_path;
+  {
+    absl::StatusOr<std::unique_ptr<BatchSource>> d = BatchSource::Create(dopt);
+    if (absl::Status s = Agree(*g_.world, d.status()); !s.ok()) return s;
+    data_ = std::move(*d);
+  }
+
+  TrainPosition pos;
+  if (!args_.load.empty()) {
+    if (absl::Status s = LoadTrainingCheckpoint(args_, *layout_, g_, *params_, *optimizer_, &pos);
+        !s.ok())
+      return s;
+    if (g_.world_rank == 0)
+      Print(absl::StrFormat(" loaded checkpoint from %s at iteration %d\n", args_.load,
+                            pos.iteration));
+  }
+  if (g_.world_rank == 0) {
+    int64_t total = 0;
+    for (const ckpt::ParamSpec& p : layout_->params())
+      if (p.tied_to.empty()) total += ckpt::NumElements(p.shape);
+    Print(absl::StrFormat(
+        "> building GPT model: %d layers, hidden %d, heads %d, ffn %d, padded vocab %d, %d "
+        "parameters; TP %d PP %d DP %d%s%s; %d micro-batches per step\n",
+        config.num_layers, config.hidden_size, config.num_attention_heads, config.ffn_hidden_size,
+        layout_->padded_vocab_size(), total, g_.sizes.tp, g_.sizes.pp, g_.sizes.dp,
+        args_.sequence_parallel ? " +SP" : "",
+        args_.use_distributed_optimizer ? " +distributed optimizer" : "",
+        args_.num_micro_batches()));
+  }
+
+  LrSchedule sched;
+  sched.max_lr = args_.lr;
+  sched.min_lr = args_.min_lr;
+  sched.init_lr = args_.lr_warmup_init;
+  sched.warmup_iters = args_.lr_warmup_iters;
+  sched.decay_iters = args_.lr_decay_iters;
+  sched.style = *ParseDecayStyle(args_.lr_decay_style);
+  if (sched.style == DecayStyle::kWsd) {
+    sched.wsd_decay_iters = args_.lr_wsd_decay_iters;
+    sched.wsd_style = *ParseWsdDecayStyle(args_.lr_wsd_decay_style);
+  }
+  const double flops_per_iter = FlopsPerIteration(args_, layout_->padded_vocab_size());
+  const bool has_valid = data_->has_split(data::SplitKind::kValid) && args_.eval_iters > 0;
+
+  double interval_loss = 0.0, interval_ms = 0.0;
+  int64_t interval_iters = 0, interval_loss_iters = 0, skipped = 0, nans = 0;
+  bool memory_reported = false;
+  std::vector<MicroBatch> mbs;
+  while (pos.iteration < args_.train_iters) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (absl::Status s =
+            GetMicroBatches(data::SplitKind::kTrain, pos.consumed_train_samples, true, &mbs);
+        !s.ok())
+      return s;
+    optimizer_->ZeroGrad();
+    double loss[1] = {RunSchedule(*model_, *g_.pp, mbs, false) / static_cast<double>(mbs.size())};
+    optimizer_->FinalizeGrads();
+    const float lr = static_cast<float>(sched.At(pos.iteration));
+    const StepResult step = optimizer_->Step(lr);
+    g_.dp->AllReduceSumDouble(loss, 1);
+    loss[0] /= g_.sizes.dp;
+    ++pos.iteration;
+    pos.consumed_train_samples += args_.global_batch_size;
+    interval_ms +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    ++interval_iters;
+    if (step.skipped) ++skipped;
+    if (!std::isfinite(loss[0])) {
+      ++nans;
+    } else if (!step.skipped) {
+      interval_loss += loss[0];
+      ++interval_loss_iters;
+    }
+
+    if (pos.iteration % args_.log_interval == 0 && logging_rank()) {
+      const double ms = interval_ms / interval_iters;
+      std::string line = absl::StrFormat(
+          "[%s] iteration %8d/%8d | consumed samples: %12d | elapsed time per iteration (ms): "
+          "%.1f |",
+          Timestamp(), pos.iteration, args_.train_iters, pos.consumed_train_samples, ms);
+      if (args_.log_throughput) {
+        const double secs = ms / 1000.0;
+        absl::StrAppendFormat(
+            &line, " throughput per GPU (TFLOP/s/GPU): %.1f | tokens per second per GPU: %.1f |",
+            flops_per_iter / (secs * g_.sizes.world() * 1e12),
+            static_cast<double>(args_.global_batch_size * args_.seq_length) /
+                (secs * g_.sizes.world()));
+      }
+      absl::StrAppendFormat(&line,
+                            " learning rate: %E | global batch size: %5d | lm loss: %E | loss "
+                            "scale: %.1f | grad norm: %.3f | number of skipped iterations: %3d | "
+                            "number of nan iterations: %3d |\n",
+                            sched.At(pos.iteration), args_.global_batch_size,
+                            interval_loss_iters > 0 ? interval_loss / interval_loss_iters : 0.0,
+                            1.0, step.grad_norm, skipped, nans);
+      Print(line);
+      if (!memory_reported) {
+        Print(absl::StrFormat("[Rank %d] (after %d iterations) memory (MB) | max resident: %d |\n",
+                              g_.world_rank, pos.iteration, PeakResidentMiB()));
+        memory_reported = true;
+      }
+    }
+    if (pos.iteration % args_.log_interval == 0) {
+      interval_loss = interval_ms = 0.0;
+      interval_iters = interval_loss_iters = skipped = nans = 0;
+    }
+    if (has_valid && pos.iteration % args_.eval_interval == 0) {
+      if (absl::Status s = Evaluate(pos.iteration, pos.iteration / args_.eval_interval - 1);
+          !s.ok())
+        return s;
+    }
+    if (args_.save_interval > 0 && pos.iteration % args_.save_interval == 0) {
+      if (absl::Status s = Save(pos); !s.ok()) return s;
+    }
+    float stop[1] = {g_stop_requested ? 1.0f : 0.0f};
+    g_.world->AllReduceMax(stop, 1);
+    if (stop[0] > 0.0f) {
+      if (g_.world_rank == 0)
+        Print(absl::StrFormat(" exiting on signal at iteration %d\n", pos.iteration));
+      if (!args_.save.empty() &&
+          !(args_.save_interval > 0 && pos.iteration % args_.save_interval == 0)) {
+        return Save(pos);
+      }
+      return absl::OkStatus();
+    }
+  }
+  if (!args_.save.empty() &&
+      !(args_.save_interval > 0 && pos.iteration % args_.save_interval == 0)) {
+    if (absl::Status s = Save(pos); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void InstallStopSignalHandler() {
+  struct sigaction sa = {};
+  sa.sa_handler = OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+double FlopsPerIteration(const TrainArgs& a, int64_t padded_vocab) {
+  const double h = a.hidden_size, L = a.num_layers, s = a.seq_length, ffn = a.ffn_hidden_size;
+  const double per_token =
+      L * (3 * 2 * (h * (h + 2 * h) + h * h) + 3 * 2 * 2 * h * ffn + 3 * 2 * h * s) +
+      3 * 2 * h * static_cast<double>(padded_vocab);
+  return per_token * static_cast<double>(a.global_batch_size) * s;
+}
+
+absl::Status RunTraining(const TrainArgs& args, const LaunchInfo& launch) {
+  ParallelSizes sizes;
+  sizes.tp = args.tensor_model_parallel_size;
+  sizes.pp = args.pipeline_model_parallel_size;
+  sizes.dp = args.data_parallel_size();
+  absl::StatusOr<ProcessGroups> groups = CreateProcessGroups(launch, sizes);
+  if (!groups.ok()) return groups.status();
+  Trainer trainer(args, *groups);
+  return trainer.Run();
+}
+
+}  // namespace leantron::trainer
