@@ -6,25 +6,6 @@
 #include "trainer/scheduler.h"
 
 namespace leantron::trainer {
-namespace {
-
-// Megatron flags this trainer knows but does not implement yet: accepted by the parser so the user
-// gets a sentence saying so instead of "unknown option".
-struct Unsupported {
-  bool swiglu = false, group_query_attention = false, untie = false, disable_bias_linear = false;
-  bool bf16 = false, fp16 = false;
-  std::string normalization = "LayerNorm", position_embedding_type = "learned_absolute";
-  int context_parallel_size = 1;
-  int64_t num_query_groups = 0;
-  int64_t layers_per_virtual_stage = 0;
-  std::string recompute_granularity, tensorboard_dir;
-};
-Unsupported& unsupported() {
-  static Unsupported u;
-  return u;
-}
-
-}  // namespace
 
 int64_t TrainArgs::true_vocab_size() const {
   if (tokenizer_type == "NullTokenizer") return vocab_size + 1;  // Megatron adds the EOD id
@@ -102,7 +83,7 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
   app.add_flag("--log-throughput", a->log_throughput, "Add TFLOP/s and tokens/s to the log line");
   app.add_option("--ops-backend", a->backend, "Ops backend (cpu)");
   // Known, not implemented.
-  Unsupported& u = unsupported();
+  TrainArgs::Unsupported& u = a->unsupported;
   app.add_flag("--swiglu", u.swiglu, "(not implemented)");
   app.add_flag("--group-query-attention", u.group_query_attention, "(not implemented)");
   app.add_option("--num-query-groups", u.num_query_groups, "(not implemented)");
@@ -122,7 +103,7 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
 
 absl::Status ValidateTrainArgs(TrainArgs* a) {
   auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
-  const Unsupported& u = unsupported();
+  const TrainArgs::Unsupported& u = a->unsupported;
   if (u.swiglu) return bad("--swiglu is not implemented yet");
   if (u.group_query_attention) return bad("--group-query-attention is not implemented yet");
   if (u.num_query_groups != 0) return bad("--num-query-groups is not implemented yet");

@@ -51,6 +51,17 @@ struct TrainArgs {
   int64_t log_interval = 100, eval_interval = 1000, eval_iters = 100;
   bool log_throughput = false;
   std::string backend = "cpu";
+  // Megatron flags this trainer knows but does not implement yet: parsed so the user gets a
+  // sentence saying so instead of "unknown option".
+  struct Unsupported {
+    bool swiglu = false, group_query_attention = false, untie = false, disable_bias_linear = false;
+    bool bf16 = false, fp16 = false;
+    std::string normalization = "LayerNorm", position_embedding_type = "learned_absolute";
+    int context_parallel_size = 1;
+    int64_t num_query_groups = 0;
+    int64_t layers_per_virtual_stage = 0;
+    std::string recompute_granularity, tensorboard_dir;
+  } unsupported;
 
   int world_size = 1;  // from the launcher; DP = world / (TP·PP)
   int data_parallel_size() const {

@@ -1,0 +1,200 @@
+// Whole-model gradient check of a tiny GPT (every parameter tensor, sampled elements, central
+// differences of the loss), plus the learning-rate schedule and the argument checks.
+#include "trainer/model.h"
+
+#include <cmath>
+#include <random>
+
+#include "CLI/CLI.hpp"
+#include "gtest/gtest.h"
+#include "libckpt/layout.h"
+#include "trainer/args.h"
+#include "trainer/comm.h"
+#include "trainer/params.h"
+#include "trainer/scheduler.h"
+
+namespace leantron::trainer {
+namespace {
+
+ckpt::ModelConfig TinyConfig(bool tanh_gelu) {
+  ckpt::ModelConfig c = ckpt::Gpt2StyleConfig(2, 16, 2, 37, 8);
+  c.make_vocab_size_divisible_by = 8;
+  c.activation = tanh_gelu ? ckpt::Activation::kGeluTanh : ckpt::Activation::kGelu;
+  return c;
+}
+
+MicroBatch TinyBatch(int64_t b, int64_t s, int64_t vocab) {
+  MicroBatch mb;
+  std::mt19937 rng(3);
+  for (int64_t i = 0; i < b * s; ++i) {
+    mb.tokens.push_back(static_cast<int32_t>(rng() % vocab));
+    mb.labels.push_back(static_cast<int32_t>(rng() % vocab));
+  }
+  mb.labels[3] = -1;  // a masked position
+  mb.training = false;
+  return mb;
+}
+
+class ModelGradTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ModelGradTest, AnalyticGradientsMatchFiniteDifferences) {
+  const ckpt::ModelConfig config = TinyConfig(GetParam());
+  auto layout = ckpt::ModelLayout::Create(config, {1, 1, 1});
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  auto ops = *CreateOps("cpu");
+  auto tp = MakeSelfCommunicator();
+  ParamStore params(ops.get(), *layout, 0, 0, false);
+  params.Initialize(7, 0.3);  // a large std makes every path matter
+  ModelOptions mo;
+  mo.micro_batch = 2;
+  mo.seq_length = 6;
+  mo.hidden_dropout = mo.attention_dropout = 0.0f;
+  GptModel model(ops.get(), *layout, tp.get(), &params, 0, mo);
+  const MicroBatch mb = TinyBatch(2, 6, config.vocab_size);
+
+  ops->Zero(params.grad(), params.size());
+  model.Forward(0, mb, nullptr);
+  model.Backward(0, nullptr, 1.0f);
+  std::vector<float> analytic(params.grad(), params.grad() + params.size());
+
+  std::mt19937 rng(11);
+  int checked = 0;
+  for (const ParamView& v : params.views()) {
+    for (int k = 0; k < 6; ++k) {
+      const size_t i = v.offset + rng() % v.numel;
+      float* p = params.data() + i;
+      const float keep = *p;
+      const float eps = 1e-2f;
+      *p = keep + eps;
+      const double up = model.Forward(0, mb, nullptr);
+      *p = keep - eps;
+      const double down = model.Forward(0, mb, nullptr);
+      *p = keep;
+      const double numeric = (up - down) / (2.0 * eps);
+      EXPECT_NEAR(analytic[i], numeric, 2e-3 + 2e-2 * std::abs(numeric))
+          << v.name << " element " << i - v.offset;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 6 * static_cast<int>(params.views().size()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Gelu, ModelGradTest, ::testing::Values(false, true));
+
+TEST(ModelTest, DropoutChangesTheLossOnlyWhenTraining) {
+  const ckpt::ModelConfig config = TinyConfig(false);
+  auto layout = ckpt::ModelLayout::Create(config, {1, 1, 1});
+  auto ops = *CreateOps("cpu");
+  auto tp = MakeSelfCommunicator();
+  ParamStore params(ops.get(), *layout, 0, 0, false);
+  params.Initialize(7, 0.02);
+  ModelOptions mo;
+  mo.micro_batch = 2;
+  mo.seq_length = 6;
+  GptModel model(ops.get(), *layout, tp.get(), &params, 0, mo);
+  MicroBatch mb = TinyBatch(2, 6, config.vocab_size);
+  const float eval = model.Forward(0, mb, nullptr);
+  mb.training = true;
+  const float train1 = model.Forward(0, mb, nullptr);
+  const float train2 = model.Forward(0, mb, nullptr);
+  EXPECT_NE(eval, train1);
+  EXPECT_EQ(train1, train2);  // masks are a function of the sample, not of call order
+  mb.first_sample = 2;
+  EXPECT_NE(model.Forward(0, mb, nullptr), train1);
+}
+
+TEST(ParamStoreTest, InitialisationIsLayoutIndependentAndMegatronLike) {
+  ckpt::ModelConfig config = TinyConfig(false);
+  auto one = ckpt::ModelLayout::Create(config, {1, 1, 1});
+  auto two = ckpt::ModelLayout::Create(config, {2, 1, 1});
+  auto ops = *CreateOps("cpu");
+  ParamStore full(ops.get(), *one, 0, 0, false);
+  ParamStore shard(ops.get(), *two, 1, 0, false);
+  full.Initialize(5, 0.02);
+  shard.Initialize(5, 0.02);
+  // TP rank 1's fc1 rows are the second half of the full tensor's rows.
+  const ParamView* f = full.Find("decoder.layers.0.mlp.linear_fc1.weight");
+  const ParamView* s = shard.Find("decoder.layers.0.mlp.linear_fc1.weight");
+  ASSERT_EQ(s->numel * 2, f->numel);
+  for (size_t i = 0; i < s->numel; ++i)
+    ASSERT_EQ(shard.data()[s->offset + i], full.data()[f->offset + s->numel + i]);
+  // Output-side linears use std / sqrt(2 L); norms start at one; biases at zero; decay flags.
+  auto stddev = [&](const ParamView* v) {
+    double sq = 0;
+    for (size_t i = 0; i < v->numel; ++i) sq += std::pow(full.data()[v->offset + i], 2);
+    return std::sqrt(sq / v->numel);
+  };
+  EXPECT_NEAR(stddev(full.Find("decoder.layers.1.mlp.linear_fc2.weight")), 0.01, 0.002);
+  EXPECT_NEAR(stddev(full.Find("decoder.layers.1.mlp.linear_fc1.weight")), 0.02, 0.003);
+  EXPECT_EQ(full.Param("decoder.layers.0.input_layernorm.weight")[3], 1.0f);
+  EXPECT_EQ(full.Param("decoder.layers.0.self_attention.linear_qkv.bias")[3], 0.0f);
+  EXPECT_FALSE(full.Find("decoder.layers.0.input_layernorm.weight")->decay);
+  EXPECT_FALSE(full.Find("decoder.layers.0.self_attention.linear_qkv.bias")->decay);
+  EXPECT_TRUE(full.Find("embedding.word_embeddings.weight")->decay);
+  // Replicated tensors count in the norm on TP rank 0 only.
+  EXPECT_FALSE(shard.Find("decoder.layers.0.input_layernorm.weight")->count_in_norm);
+  EXPECT_TRUE(shard.Find("decoder.layers.0.mlp.linear_fc1.weight")->count_in_norm);
+}
+
+TEST(SchedulerTest, MegatronShapes) {
+  LrSchedule s;
+  s.max_lr = 1.0;
+  s.min_lr = 0.1;
+  s.warmup_iters = 10;
+  s.decay_iters = 110;
+  s.style = DecayStyle::kLinear;
+  EXPECT_DOUBLE_EQ(s.At(0), 0.0);
+  EXPECT_DOUBLE_EQ(s.At(5), 0.5);
+  EXPECT_DOUBLE_EQ(s.At(10), 1.0);
+  EXPECT_DOUBLE_EQ(s.At(60), 0.55);
+  EXPECT_DOUBLE_EQ(s.At(200), 0.1);
+  s.style = DecayStyle::kCosine;
+  EXPECT_NEAR(s.At(60), 0.55, 1e-12);
+  EXPECT_NEAR(s.At(35), 0.1 + 0.9 * 0.5 * (std::cos(M_PI * 0.25) + 1), 1e-12);
+  s.style = DecayStyle::kConstant;
+  EXPECT_DOUBLE_EQ(s.At(100), 1.0);
+  s.style = DecayStyle::kWsd;
+  s.wsd_decay_iters = 20;
+  s.wsd_style = WsdDecayStyle::kLinear;
+  EXPECT_DOUBLE_EQ(s.At(90), 1.0);
+  EXPECT_DOUBLE_EQ(s.At(100), 0.55);
+  EXPECT_DOUBLE_EQ(s.At(110), 0.1);
+}
+
+absl::Status Check(std::vector<std::string> argv, int world) {
+  CLI::App app;
+  TrainArgs args;
+  AddTrainFlags(app, &args);
+  std::vector<std::string> full = {"train", "--num-layers",          "4",  "--hidden-size",
+                                   "64",    "--num-attention-heads", "4",  "--seq-length",
+                                   "32",    "--train-iters",         "10", "--lr",
+                                   "1e-3",  "--global-batch-size",   "8",  "--mock-data"};
+  full.insert(full.end(), argv.begin(), argv.end());
+  std::vector<const char*> c;
+  for (const std::string& s : full) c.push_back(s.c_str());
+  app.parse(static_cast<int>(c.size()), c.data());
+  args.world_size = world;
+  return ValidateTrainArgs(&args);
+}
+
+TEST(ArgsTest, InconsistentSettingsAreRefusedWithOneLine) {
+  EXPECT_TRUE(Check({}, 1).ok());
+  EXPECT_TRUE(
+      Check({"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"}, 8).ok());
+  auto msg = [](const absl::Status& s) { return std::string(s.message()); };
+  EXPECT_EQ(msg(Check({"--tensor-model-parallel-size", "3"}, 3)),
+            "--num-attention-heads 4 is not divisible by TP 3");
+  EXPECT_EQ(msg(Check({"--pipeline-model-parallel-size", "3"}, 3)),
+            "--num-layers 4 is not divisible by PP 3");
+  EXPECT_EQ(msg(Check({"--micro-batch-size", "3"}, 1)),
+            "--global-batch-size 8 is not divisible by micro-batch 3 x DP 1");
+  EXPECT_EQ(msg(Check({"--tensor-model-parallel-size", "2"}, 3)),
+            "world size 3 is not divisible by TP 2 x PP 1");
+  EXPECT_FALSE(Check({"--data-path", "x"}, 1).ok());  // both --mock-data and --data-path
+  EXPECT_FALSE(Check({"--swiglu"}, 1).ok());
+  EXPECT_FALSE(Check({"--max-position-embeddings", "16"}, 1).ok());
+  EXPECT_FALSE(Check({"--lr-decay-style", "WSD"}, 1).ok());
+}
+
+}  // namespace
+}  // namespace leantron::trainer

@@ -1,0 +1,396 @@
+// Every cpu op against a float64 reference written here: forwards compared directly, backwards
+// against central finite differences of the float64 reference (d/dx Σ out·R for a random R).
+#include "trainer/ops.h"
+
+#include <barrier>
+#include <cmath>
+#include <functional>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace leantron::trainer {
+namespace {
+
+using Vec = std::vector<double>;
+using Fn = std::function<double(const Vec&)>;
+
+std::vector<float> Rand(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+Vec D(const std::vector<float>& v) { return Vec(v.begin(), v.end()); }
+
+// Central differences of f at x.
+Vec NumGrad(const Fn& f, Vec x, double eps = 1e-6) {
+  Vec g(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double keep = x[i];
+    x[i] = keep + eps;
+    const double up = f(x);
+    x[i] = keep - eps;
+    const double down = f(x);
+    x[i] = keep;
+    g[i] = (up - down) / (2 * eps);
+  }
+  return g;
+}
+
+void ExpectNear(const std::vector<float>& got, const Vec& want, double tol, const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], tol * (1.0 + std::abs(want[i]))) << what << " [" << i << "]";
+}
+
+double Dotted(const Vec& out, const Vec& r) {
+  double s = 0;
+  for (size_t i = 0; i < out.size(); ++i) s += out[i] * r[i];
+  return s;
+}
+
+class OpsTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ops_ = *CreateOps("cpu"); }
+  std::unique_ptr<Ops> ops_;
+};
+
+TEST_F(OpsTest, UnknownBackendIsAnError) { EXPECT_FALSE(CreateOps("tpu").ok()); }
+
+// ---------------------------------------------------------------- linear
+Vec LinearRef(const Vec& in, const Vec& w, const Vec& b, int m, int k, int n) {
+  Vec out(m * n);
+  for (int r = 0; r < m; ++r)
+    for (int o = 0; o < n; ++o) {
+      double s = b.empty() ? 0.0 : b[o];
+      for (int i = 0; i < k; ++i) s += in[r * k + i] * w[o * k + i];
+      out[r * n + o] = s;
+    }
+  return out;
+}
+
+TEST_F(OpsTest, LinearForwardAndBackward) {
+  const int m = 5, k = 19, n = 6;
+  auto in = Rand(m * k, 1), w = Rand(n * k, 2), b = Rand(n, 3), r = Rand(m * n, 4);
+  std::vector<float> out(m * n);
+  ops_->LinearForward(out.data(), in.data(), w.data(), b.data(), m, k, n);
+  ExpectNear(out, LinearRef(D(in), D(w), D(b), m, k, n), 1e-5, "out");
+
+  std::vector<float> din(m * k, 7.0f), dw(n * k, 0.5f), db(n, 0.25f);
+  ops_->LinearBackward(din.data(), dw.data(), db.data(), r.data(), in.data(), w.data(), m, k, n,
+                       false);
+  const Vec R = D(r);
+  Vec gin =
+      NumGrad([&](const Vec& x) { return Dotted(LinearRef(x, D(w), D(b), m, k, n), R); }, D(in));
+  Vec gw =
+      NumGrad([&](const Vec& x) { return Dotted(LinearRef(D(in), x, D(b), m, k, n), R); }, D(w));
+  Vec gb =
+      NumGrad([&](const Vec& x) { return Dotted(LinearRef(D(in), D(w), x, m, k, n), R); }, D(b));
+  for (double& g : gw) g += 0.5;  // parameter gradients accumulate
+  for (double& g : gb) g += 0.25;
+  ExpectNear(din, gin, 1e-4, "din");
+  ExpectNear(dw, gw, 1e-4, "dweight");
+  ExpectNear(db, gb, 1e-4, "dbias");
+
+  // accumulate_din adds to what is there.
+  std::vector<float> din2(m * k, 1.0f), dw2(n * k, 0.0f);
+  ops_->LinearBackward(din2.data(), dw2.data(), nullptr, r.data(), in.data(), w.data(), m, k, n,
+                       true);
+  for (double& g : gin) g += 1.0;
+  ExpectNear(din2, gin, 1e-4, "din accumulated");
+}
+
+// ---------------------------------------------------------------- layer norm
+Vec LayerNormRef(const Vec& x, const Vec& w, const Vec& b, int rows, int cols, double eps) {
+  Vec out(x.size());
+  for (int r = 0; r < rows; ++r) {
+    double mu = 0, var = 0;
+    for (int c = 0; c < cols; ++c) mu += x[r * cols + c];
+    mu /= cols;
+    for (int c = 0; c < cols; ++c) var += (x[r * cols + c] - mu) * (x[r * cols + c] - mu);
+    var /= cols;
+    for (int c = 0; c < cols; ++c)
+      out[r * cols + c] = (x[r * cols + c] - mu) / std::sqrt(var + eps) * w[c] + b[c];
+  }
+  return out;
+}
+
+TEST_F(OpsTest, LayerNormForwardAndBackward) {
+  const int rows = 4, cols = 13;
+  auto x = Rand(rows * cols, 5, 2.0f), w = Rand(cols, 6), b = Rand(cols, 7),
+       r = Rand(rows * cols, 8);
+  for (float& v : x) v += 3.0f;  // an offset mean tests the centring
+  std::vector<float> out(rows * cols), mean(rows), rstd(rows);
+  ops_->LayerNormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), rows,
+                         cols, 1e-5f);
+  ExpectNear(out, LayerNormRef(D(x), D(w), D(b), rows, cols, 1e-5), 1e-5, "out");
+  std::vector<float> dx(rows * cols, 0.0f), dw(cols, 0.0f), db(cols, 0.0f);
+  ops_->LayerNormBackward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(),
+                          mean.data(), rstd.data(), rows, cols);
+  const Vec R = D(r);
+  ExpectNear(
+      dx,
+      NumGrad(
+          [&](const Vec& v) { return Dotted(LayerNormRef(v, D(w), D(b), rows, cols, 1e-5), R); },
+          D(x)),
+      1e-4, "dx");
+  ExpectNear(
+      dw,
+      NumGrad(
+          [&](const Vec& v) { return Dotted(LayerNormRef(D(x), v, D(b), rows, cols, 1e-5), R); },
+          D(w)),
+      1e-4, "dw");
+  ExpectNear(
+      db,
+      NumGrad(
+          [&](const Vec& v) { return Dotted(LayerNormRef(D(x), D(w), v, rows, cols, 1e-5), R); },
+          D(b)),
+      1e-4, "db");
+}
+
+// ---------------------------------------------------------------- GELU
+Vec GeluRef(const Vec& x, bool tanh_approx) {
+  Vec out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double v = x[i];
+    out[i] = tanh_approx
+                 ? 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)))
+                 : 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
+  }
+  return out;
+}
+
+TEST_F(OpsTest, GeluBothForms) {
+  for (bool tanh_approx : {false, true}) {
+    auto x = Rand(64, 9, 2.5f), r = Rand(64, 10);
+    std::vector<float> out(64), dx(64);
+    ops_->GeluForward(out.data(), x.data(), 64, tanh_approx);
+    ExpectNear(out, GeluRef(D(x), tanh_approx), 1e-6, "gelu");
+    ops_->GeluBackward(dx.data(), r.data(), x.data(), 64, tanh_approx);
+    const Vec R = D(r);
+    ExpectNear(dx, NumGrad([&](const Vec& v) { return Dotted(GeluRef(v, tanh_approx), R); }, D(x)),
+               1e-5, "dgelu");
+  }
+  // The two forms differ (so --openai-gelu matters).
+  std::vector<float> x = {1.0f}, a(1), b(1);
+  ops_->GeluForward(a.data(), x.data(), 1, false);
+  ops_->GeluForward(b.data(), x.data(), 1, true);
+  EXPECT_NE(a[0], b[0]);
+}
+
+// ---------------------------------------------------------------- attention
+Vec AttentionRef(const Vec& qkv, int B, int T, int H, int Dh, const AttentionDropout& drop) {
+  Vec out(B * T * H * Dh, 0.0);
+  const int row = H * 3 * Dh;
+  const double keep_scale = drop.p > 0 ? 1.0 / (1.0 - drop.p) : 1.0;
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < T; ++i) {
+        Vec s(i + 1);
+        double mx = -1e300;
+        for (int j = 0; j <= i; ++j) {
+          double d = 0;
+          for (int c = 0; c < Dh; ++c)
+            d += qkv[(b * T + i) * row + h * 3 * Dh + c] *
+                 qkv[(b * T + j) * row + h * 3 * Dh + Dh + c];
+          s[j] = d / std::sqrt(static_cast<double>(Dh));
+          mx = std::max(mx, s[j]);
+        }
+        double sum = 0;
+        for (int j = 0; j <= i; ++j) sum += (s[j] = std::exp(s[j] - mx));
+        for (int j = 0; j <= i; ++j) {
+          double p = s[j] / sum;
+          if (drop.p > 0) {
+            const int64_t idx = ((drop.head_offset + h) * T + i) * T + j;
+            p *= DropoutUniform(drop.seed, drop.first_sample + b, idx) >= drop.p ? keep_scale : 0.0;
+          }
+          for (int c = 0; c < Dh; ++c)
+            out[(b * T + i) * H * Dh + h * Dh + c] +=
+                p * qkv[(b * T + j) * row + h * 3 * Dh + 2 * Dh + c];
+        }
+      }
+  return out;
+}
+
+TEST_F(OpsTest, CausalAttentionWithAndWithoutDropout) {
+  const int B = 2, T = 5, H = 2, Dh = 4;
+  for (float p : {0.0f, 0.3f}) {
+    AttentionDropout drop{p, 99, 10, 1, 3};
+    auto qkv = Rand(B * T * H * 3 * Dh, 11), r = Rand(B * T * H * Dh, 12);
+    std::vector<float> out(B * T * H * Dh), probs(B * H * T * T), dqkv(qkv.size());
+    ops_->AttentionForward(out.data(), probs.data(), qkv.data(), B, T, H, Dh, drop);
+    ExpectNear(out, AttentionRef(D(qkv), B, T, H, Dh, drop), 1e-5, "attention");
+    ops_->AttentionBackward(dqkv.data(), r.data(), qkv.data(), probs.data(), B, T, H, Dh, drop);
+    const Vec R = D(r);
+    ExpectNear(dqkv,
+               NumGrad([&](const Vec& v) { return Dotted(AttentionRef(v, B, T, H, Dh, drop), R); },
+                       D(qkv)),
+               1e-4, "dqkv");
+  }
+}
+
+// ---------------------------------------------------------------- dropout
+TEST_F(OpsTest, DropoutMaskDependsOnSampleAndPositionOnly) {
+  const int rows = 8, cols = 16, seq = 4;
+  HiddenDropout d{0.25f, 5, 100, seq, 0};
+  std::vector<float> x(rows * cols, 1.0f);
+  ops_->Dropout(x.data(), rows, cols, d);
+  int dropped = 0;
+  for (float v : x) {
+    ASSERT_TRUE(v == 0.0f || std::abs(v - 1.0f / 0.75f) < 1e-6f);
+    dropped += v == 0.0f;
+  }
+  EXPECT_GT(dropped, 10);
+  EXPECT_LT(dropped, 55);
+  // A shard of rows (sequence parallelism) sees the same mask as the whole.
+  std::vector<float> shard(4 * cols, 1.0f);
+  HiddenDropout ds = d;
+  ds.row_offset = 4;
+  ops_->Dropout(shard.data(), 4, cols, ds);
+  for (int i = 0; i < 4 * cols; ++i) ASSERT_EQ(shard[i], x[4 * cols + i]);
+  // p = 0 is the identity.
+  std::vector<float> y(rows * cols, 2.0f);
+  ops_->Dropout(y.data(), rows, cols, HiddenDropout{});
+  for (float v : y) ASSERT_EQ(v, 2.0f);
+}
+
+// ---------------------------------------------------------------- embeddings
+TEST_F(OpsTest, VocabShardedEmbeddingSumsToTheFullLookup) {
+  const int V = 10, C = 3, rows = 6;
+  auto table = Rand(V * C, 13), r = Rand(rows * C, 14);
+  std::vector<int32_t> ids = {0, 9, 4, 5, 4, 7};
+  std::vector<float> full(rows * C), a(rows * C), b(rows * C);
+  ops_->EmbeddingForward(full.data(), ids.data(), table.data(), rows, C, 0, V);
+  ops_->EmbeddingForward(a.data(), ids.data(), table.data(), rows, C, 0, 5);
+  ops_->EmbeddingForward(b.data(), ids.data(), table.data() + 5 * C, rows, C, 5, V);
+  for (int i = 0; i < rows * C; ++i) {
+    ASSERT_EQ(full[i], table[ids[i / C] * C + i % C]);
+    ASSERT_EQ(a[i] + b[i], full[i]);
+  }
+  auto ref = [&](const Vec& t) {
+    Vec out(rows * C);
+    for (int i = 0; i < rows * C; ++i) out[i] = t[ids[i / C] * C + i % C];
+    return out;
+  };
+  std::vector<float> dtable(V * C, 0.0f);
+  ops_->EmbeddingBackward(dtable.data(), r.data(), ids.data(), rows, C, 0, 5);
+  ops_->EmbeddingBackward(dtable.data() + 5 * C, r.data(), ids.data(), rows, C, 5, V);
+  const Vec R = D(r);
+  ExpectNear(dtable, NumGrad([&](const Vec& t) { return Dotted(ref(t), R); }, D(table)), 1e-6,
+             "dtable");
+
+  std::vector<int32_t> pos = {0, 1, 2, 0, 1, 2};
+  std::vector<float> out(rows * C, 1.0f), dpos(V * C, 0.0f);
+  ops_->PositionForward(out.data(), pos.data(), table.data(), rows, C);
+  for (int i = 0; i < rows * C; ++i) ASSERT_FLOAT_EQ(out[i], 1.0f + table[pos[i / C] * C + i % C]);
+  ops_->PositionBackward(dpos.data(), r.data(), pos.data(), rows, C);
+  for (int c = 0; c < C; ++c) ASSERT_NEAR(dpos[c], r[c] + r[3 * C + c], 1e-6);
+}
+
+// ---------------------------------------------------------------- cross-entropy
+Vec CrossEntropyRef(const Vec& logits, const std::vector<int32_t>& t, int rows, int V) {
+  Vec loss(rows, 0.0);
+  for (int r = 0; r < rows; ++r) {
+    if (t[r] < 0) continue;
+    double mx = -1e300, s = 0;
+    for (int v = 0; v < V; ++v) mx = std::max(mx, logits[r * V + v]);
+    for (int v = 0; v < V; ++v) s += std::exp(logits[r * V + v] - mx);
+    loss[r] = mx + std::log(s) - logits[r * V + t[r]];
+  }
+  return loss;
+}
+
+TEST_F(OpsTest, CrossEntropyWholeAndVocabParallel) {
+  const int rows = 5, V = 12;
+  auto logits = Rand(rows * V, 15, 3.0f), dl = Rand(rows, 16);
+  std::vector<int32_t> t = {3, 11, -1, 0, 6};
+  std::vector<float> loss(rows), stats(2 * rows), dlogits(rows * V);
+  ops_->CrossEntropyForward(loss.data(), stats.data(), logits.data(), t.data(), rows, V, 0, nullptr,
+                            nullptr);
+  const Vec want = CrossEntropyRef(D(logits), t, rows, V);
+  ExpectNear(loss, want, 1e-6, "loss");
+  ops_->CrossEntropyBackward(dlogits.data(), dl.data(), stats.data(), logits.data(), t.data(), rows,
+                             V, 0);
+  const Vec R = D(dl);
+  const Vec grad =
+      NumGrad([&](const Vec& x) { return Dotted(CrossEntropyRef(x, t, rows, V), R); }, D(logits));
+  ExpectNear(dlogits, grad, 1e-5, "dlogits");
+
+  // Two vocabulary shards in two threads, combined through the reduce hooks.
+  const int half = V / 2;
+  std::vector<std::vector<float>> shard(2, std::vector<float>(rows * half));
+  for (int s = 0; s < 2; ++s)
+    for (int r = 0; r < rows; ++r)
+      for (int v = 0; v < half; ++v) shard[s][r * half + v] = logits[r * V + s * half + v];
+  std::vector<float> exchange[2];
+  std::barrier sync(2);
+  auto reducer = [&](int me, bool is_max) {
+    return [&, me, is_max](float* d, int64_t n) {
+      exchange[me].assign(d, d + n);
+      sync.arrive_and_wait();
+      for (int64_t i = 0; i < n; ++i)
+        d[i] = is_max ? std::max(exchange[0][i], exchange[1][i]) : exchange[0][i] + exchange[1][i];
+      sync.arrive_and_wait();
+    };
+  };
+  std::vector<float> sloss[2], sstats[2], sd[2];
+  auto run = [&](int me) {
+    auto ops = *CreateOps("cpu");
+    sloss[me].resize(rows);
+    sstats[me].resize(2 * rows);
+    sd[me].resize(rows * half);
+    ops->CrossEntropyForward(sloss[me].data(), sstats[me].data(), shard[me].data(), t.data(), rows,
+                             half, me * half, reducer(me, true), reducer(me, false));
+    ops->CrossEntropyBackward(sd[me].data(), dl.data(), sstats[me].data(), shard[me].data(),
+                              t.data(), rows, half, me * half);
+  };
+  std::thread a(run, 0), b(run, 1);
+  a.join();
+  b.join();
+  for (int me = 0; me < 2; ++me) {
+    ExpectNear(sloss[me], want, 1e-6, "sharded loss");
+    for (int r = 0; r < rows; ++r)
+      for (int v = 0; v < half; ++v)
+        ASSERT_NEAR(sd[me][r * half + v], grad[r * V + me * half + v], 1e-5);
+  }
+}
+
+// ---------------------------------------------------------------- bias, norms, AdamW
+TEST_F(OpsTest, BiasAndSumSquares) {
+  auto out = Rand(12, 17), bias = Rand(4, 18);
+  auto copy = out;
+  ops_->AddBias(out.data(), bias.data(), 3, 4);
+  for (int i = 0; i < 12; ++i) ASSERT_FLOAT_EQ(out[i], copy[i] + bias[i % 4]);
+  std::vector<float> db(4, 1.0f);
+  ops_->BiasBackward(db.data(), copy.data(), 3, 4);
+  for (int c = 0; c < 4; ++c) ASSERT_NEAR(db[c], 1.0 + copy[c] + copy[4 + c] + copy[8 + c], 1e-6);
+  double want = 0;
+  for (float v : copy) want += static_cast<double>(v) * v;
+  EXPECT_NEAR(ops_->SumSquares(copy.data(), copy.size()), want, 1e-9);
+}
+
+TEST_F(OpsTest, AdamWMatchesTheFloat64Formula) {
+  const int n = 50;
+  auto p = Rand(n, 19), m = std::vector<float>(n, 0.0f), v = std::vector<float>(n, 0.0f);
+  Vec P = D(p), M(n, 0.0), V2(n, 0.0);
+  const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+  for (int step = 1; step <= 5; ++step) {
+    auto g = Rand(n, 100 + step);
+    ops_->AdamWStep(p.data(), g.data(), m.data(), v.data(), n, lr, b1, b2, eps, wd, step);
+    for (int i = 0; i < n; ++i) {
+      M[i] = b1 * M[i] + (1 - b1) * g[i];
+      V2[i] = b2 * V2[i] + (1 - b2) * g[i] * g[i];
+      const double mh = M[i] / (1 - std::pow(b1, step)), vh = V2[i] / (1 - std::pow(b2, step));
+      P[i] = P[i] * (1 - lr * wd) - lr * mh / (std::sqrt(vh) + eps);
+    }
+  }
+  ExpectNear(p, P, 1e-5, "param");
+  ExpectNear(m, M, 1e-6, "exp_avg");
+}
+
+}  // namespace
+}  // namespace leantron::trainer
