@@ -13,6 +13,8 @@ int64_t TrainArgs::true_vocab_size() const {
 }
 
 void AddTrainFlags(CLI::App& app, TrainArgs* a) {
+  // As with Megatron's argparse, a repeated flag takes its last value.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   // Model.
   app.add_option("--num-layers", a->num_layers, "Transformer layers");
   app.add_option("--hidden-size", a->hidden_size, "Hidden size");
@@ -63,13 +65,16 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
   app.add_option("--clip-grad", a->clip_grad, "Gradient clipping norm (default 1.0, 0 = off)");
   app.add_option("--seed", a->seed, "Random seed (default 1234)");
   // Data and checkpoints.
-  app.add_option("--data-path", a->data_path, "PREFIX or W1 PREFIX1 W2 PREFIX2 ...");
+  app.add_option("--data-path", a->data_path, "PREFIX or W1 PREFIX1 W2 PREFIX2 ...")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--split", a->split, "Train/valid/test proportions (default 969,30,1)");
   app.add_flag("--mock-data", a->mock_data, "Synthetic samples instead of --data-path");
   app.add_option("--data-cache-path", a->data_cache_path, "Where the sample index cache lives");
   app.add_option("--save", a->save, "Checkpoint directory to save to");
   app.add_option("--load", a->load, "Checkpoint directory to load from");
   app.add_option("--save-interval", a->save_interval, "Save every N iterations");
+  app.add_option("--exit-interval", a->exit_interval,
+                 "Save (with --save) and exit when the iteration is a multiple of this");
   app.add_flag("--no-load-optim", a->no_load_optim, "Do not load optimizer state");
   app.add_flag("--no-load-rng", a->no_load_rng,
                "Accepted for compatibility: dropout masks are a function of the sample, so there "

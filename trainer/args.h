@@ -46,6 +46,7 @@ struct TrainArgs {
   std::string data_cache_path;
   std::string save, load;
   int64_t save_interval = 0;
+  int64_t exit_interval = 0;
   bool no_load_optim = false, no_load_rng = false, finetune = false;
   // Logging and evaluation.
   int64_t log_interval = 100, eval_interval = 1000, eval_iters = 100;

@@ -124,9 +124,9 @@ absl::Status Trainer::Save(const TrainPosition& position) {
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     Print(
-        absl::StrFormat("  successfully saved checkpoint from iteration %7d to %s [ t %d/%d, p "
-                        "%d/%d ] (%.1f ms)\n",
-                        position.iteration, args_.save, 1, g_.sizes.tp, 1, g_.sizes.pp, ms));
+        absl::StrFormat("  successfully saved checkpoint from iteration %7d to %s [ TP %d, PP %d ] "
+                        "(%.1f ms)\n",
+                        position.iteration, args_.save, g_.sizes.tp, g_.sizes.pp, ms));
   }
   return absl::OkStatus();
 }
@@ -289,9 +289,11 @@ absl::Status Trainer::Run() {
     }
     float stop[1] = {g_stop_requested ? 1.0f : 0.0f};
     g_.world->AllReduceMax(stop, 1);
-    if (stop[0] > 0.0f) {
+    const bool exit_now = args_.exit_interval > 0 && pos.iteration % args_.exit_interval == 0;
+    if (stop[0] > 0.0f || exit_now) {
       if (g_.world_rank == 0)
-        Print(absl::StrFormat(" exiting on signal at iteration %d\n", pos.iteration));
+        Print(absl::StrFormat(" exiting %s at iteration %d\n",
+                              exit_now ? "at --exit-interval" : "on signal", pos.iteration));
       if (!args_.save.empty() &&
           !(args_.save_interval > 0 && pos.iteration % args_.save_interval == 0)) {
         return Save(pos);

@@ -1,0 +1,125 @@
+"""Exact resume (N straight = N/2, save, load, N/2: bitwise on the CPU for the same layout; to
+float32 tolerance into another layout), SIGTERM saving and exiting cleanly, and clear errors for
+bad settings and missing or corrupt data and checkpoints."""
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ckpt_testlib import read_ours
+from train_testlib import TINY, TRAIN, licence_dataset, parse_log, run_train
+
+ITERS = 12
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return licence_dataset(tmp_path_factory.mktemp("data") / "licences")
+
+
+def common(data):
+    return TINY + ["--data-path", data, "--split", "90,10,0", "--micro-batch-size", "2",
+                   "--global-batch-size", "8", "--train-iters", ITERS, "--lr", "2e-3",
+                   "--lr-warmup-iters", "2", "--lr-decay-style", "linear", "--log-interval", "1",
+                   "--eval-interval", "4", "--eval-iters", "1"]
+
+
+def files(ck, iteration):
+    d = Path(ck) / f"iter_{iteration:07d}"
+    return {p.relative_to(d): p.read_bytes() for p in d.rglob("*.safetensors")}
+
+
+@pytest.mark.parametrize("nproc,extra", [(None, []), (2, ["--tensor-model-parallel-size", "2"])])
+def test_resume_is_bitwise_for_the_same_layout(dataset, tmp_path, nproc, extra):
+    straight = run_train(common(dataset) + extra + ["--save", tmp_path / "a"], nproc=nproc)
+    half = run_train(common(dataset) + extra + ["--save", tmp_path / "b", "--exit-interval",
+                                                ITERS // 2], nproc=nproc)
+    assert (tmp_path / "b" / "latest_checkpointed_iteration.txt").read_text().strip() == str(ITERS // 2)
+    rest = run_train(common(dataset) + extra + ["--load", tmp_path / "b", "--save", tmp_path / "b"],
+                     nproc=nproc)
+    a_train, a_valid = parse_log(straight.stdout)
+    b_train, b_valid = parse_log(half.stdout + rest.stdout)
+    assert a_train == b_train  # every logged number, bitwise
+    assert a_valid == b_valid
+    assert files(tmp_path / "a", ITERS) == files(tmp_path / "b", ITERS)
+
+
+def test_resume_into_another_layout(dataset, tmp_path):
+    straight = run_train(common(dataset) + ["--save", tmp_path / "a"])
+    run_train(common(dataset) + ["--save", tmp_path / "b", "--exit-interval", ITERS // 2])
+    rest = run_train(common(dataset) + ["--load", tmp_path / "b", "--save", tmp_path / "c",
+                                        "--tensor-model-parallel-size", "2",
+                                        "--pipeline-model-parallel-size", "2"], nproc=4)
+    a_train, _ = parse_log(straight.stdout)
+    c_train, _ = parse_log(rest.stdout)
+    assert sorted(c_train) == list(range(ITERS // 2 + 1, ITERS + 1))
+    for it, row in c_train.items():
+        assert row[1] == pytest.approx(a_train[it][1], rel=2e-5)
+    _, want = read_ours(tmp_path / "a")
+    _, got = read_ours(tmp_path / "c")
+    for name, w in want[""].items():
+        np.testing.assert_allclose(got[""][name], w, rtol=1e-3, atol=2e-5, err_msg=name)
+
+
+def test_sigterm_saves_and_exits(dataset, tmp_path):
+    args = [str(TRAIN), *map(str, common(dataset)), "--train-iters", "100000",
+            "--lr-decay-iters", "100", "--save", str(tmp_path / "ck"), "--nproc-per-node", "2",
+            "--tensor-model-parallel-size", "2"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = ""
+    while "iteration        3/" not in line:
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "exiting on signal" in out
+    it = int((tmp_path / "ck" / "latest_checkpointed_iteration.txt").read_text())
+    assert it >= 3
+    assert (tmp_path / "ck" / f"iter_{it:07d}" / "mp_rank_01" / "optimizer.safetensors").exists()
+
+
+def one_line_error(proc, text):
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert any(text in line for line in lines), proc.stderr
+    return lines
+
+
+@pytest.mark.parametrize("extra,nproc,text", [
+    (["--tensor-model-parallel-size", "3"], 3, "--num-attention-heads 4 is not divisible by TP 3"),
+    (["--pipeline-model-parallel-size", "3"], 3, "--num-layers 4 is not divisible by PP 3"),
+    (["--micro-batch-size", "3"], None, "--global-batch-size 8 is not divisible by micro-batch 3"),
+    (["--global-batch-size", "6"], 2, "--global-batch-size 6 is not divisible by micro-batch 2 x DP 2"),
+    (["--sequence-parallel", "--tensor-model-parallel-size", "2", "--seq-length", "31"], 2,
+     "--sequence-parallel needs --seq-length 31 divisible by TP 2"),
+    (["--swiglu"], None, "--swiglu is not implemented yet"),
+])
+def test_bad_settings_are_refused_up_front(dataset, tmp_path, extra, nproc, text):
+    proc = run_train(common(dataset) + extra, nproc=nproc, ok=False)
+    assert proc.returncode == 2
+    lines = one_line_error(proc, text)
+    assert len(lines) == 1
+
+
+def test_missing_data_and_checkpoints(dataset, tmp_path):
+    args = [a for a in common(dataset)]
+    args[args.index(dataset)] = str(tmp_path / "nothing")
+    one_line_error(run_train(args, ok=False), "nothing")
+    one_line_error(run_train(common(dataset) + ["--load", tmp_path / "none"], ok=False), "none")
+    # Token ids beyond the vocabulary are refused, not trained on.
+    bad = TINY[:]
+    bad[bad.index("255")] = "100"
+    one_line_error(run_train(bad + common(dataset)[len(TINY):], ok=False), "outside the vocabulary")
+
+
+def test_corrupt_checkpoint_is_refused(dataset, tmp_path):
+    run_train(common(dataset) + ["--save", tmp_path / "ck", "--exit-interval", "2"])
+    shard = tmp_path / "ck" / "iter_0000002" / "mp_rank_00" / "model.safetensors"
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2])
+    proc = run_train(common(dataset) + ["--load", tmp_path / "ck"], nproc=2, ok=False)
+    one_line_error(proc, "model.safetensors")
