@@ -63,6 +63,9 @@ int main(int argc, char** argv) {
   app.add_option("--tiktoken-file", files.tiktoken_file);
   app.add_option("--threads", threads)->check(CLI::Range(1, 256));
   app.add_option("--repeat", repeat)->check(CLI::Range(1, 100));
+  leantron::data::Gpt2Encoder::Options encoder_options;
+  app.add_option("--cache-max-piece", encoder_options.max_cached_piece)->capture_default_str();
+  app.add_option("--cache-entries", encoder_options.max_cache_entries)->capture_default_str();
   app.add_option("inputs", inputs)->required();
   CLI11_PARSE(app, argc, argv);
   auto tokenizer = Gpt2Tokenizer::Load(files);
@@ -116,7 +119,7 @@ int main(int argc, char** argv) {
     const double t_encode = BestOf(repeat, [&] {
       // Fresh encoders each run: the piece cache starts cold, as on new text.
       encoders.clear();
-      for (size_t k = 0; k < parts; ++k) encoders.emplace_back(tok);
+      for (size_t k = 0; k < parts; ++k) encoders.emplace_back(tok, encoder_options);
       run([&](size_t k) {
         ids[k].clear();
         encoders[k].EncodeOrdinary(std::string_view(*text).substr(cuts[k], cuts[k + 1] - cuts[k]),

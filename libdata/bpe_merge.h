@@ -14,7 +14,7 @@
 namespace leantron::data {
 
 // Pieces at least this long take the heap path.
-inline constexpr size_t kBpeHeapThreshold = 128;
+inline constexpr size_t kBpeHeapThreshold = 48;
 
 // Appends the ids of piece [p, p+n), n >= 1. Only tokens of rank < rank_limit take part in
 // merges (used to recover the merge list from ranks); single bytes always do.

@@ -5,13 +5,7 @@
 #include "libdata/pretokenizer.h"
 
 namespace leantron::data {
-namespace {
-
-// Pieces longer than this are not cached (a pathological 10 MB piece would pin 10 MB).
-constexpr size_t kMaxCachedPiece = 64;
-constexpr size_t kMaxCacheEntries = 1 << 20;
-
-}  // namespace
+namespace {}  // namespace
 
 absl::StatusOr<std::unique_ptr<Gpt2Tokenizer>> Gpt2Tokenizer::Load(const VocabFiles& files) {
   const bool megatron = !files.vocab_file.empty() || !files.merge_file.empty();
@@ -76,8 +70,8 @@ absl::Status Gpt2Tokenizer::Decode(absl::Span<const int32_t> ids, std::string* o
   return absl::OkStatus();
 }
 
-Gpt2Encoder::Gpt2Encoder(const Gpt2Tokenizer& tokenizer)
-    : tokenizer_(tokenizer), vocab_(tokenizer.vocab()) {}
+Gpt2Encoder::Gpt2Encoder(const Gpt2Tokenizer& tokenizer, Options options)
+    : tokenizer_(tokenizer), vocab_(tokenizer.vocab()), options_(options) {}
 
 void Gpt2Encoder::EncodeOrdinary(std::string_view text, std::vector<int32_t>* out) {
   static const Pretokenizer pretokenizer;
@@ -109,7 +103,7 @@ void Gpt2Encoder::Encode(std::string_view text, bool allow_special, std::vector<
 }
 
 void Gpt2Encoder::EncodePiece(const uint8_t* p, size_t n, std::vector<int32_t>* out) {
-  if (n > kMaxCachedPiece) {
+  if (n > options_.max_cached_piece) {
     BytePairEncode(vocab_, p, n, out);
     return;
   }
@@ -121,7 +115,7 @@ void Gpt2Encoder::EncodePiece(const uint8_t* p, size_t n, std::vector<int32_t>* 
   scratch_.clear();
   BytePairEncode(vocab_, p, n, &scratch_);
   out->insert(out->end(), scratch_.begin(), scratch_.end());
-  if (cache_.size() >= kMaxCacheEntries) cache_.clear();
+  if (cache_.size() >= options_.max_cache_entries) cache_.clear();
   cache_.emplace(key, scratch_);
 }
 

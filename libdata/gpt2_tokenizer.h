@@ -56,7 +56,14 @@ class Gpt2Tokenizer {
 // Per-thread encoding workspace.
 class Gpt2Encoder {
  public:
-  explicit Gpt2Encoder(const Gpt2Tokenizer& tokenizer);
+  // The piece cache remembers the merges of pieces that are not one token. It pays off for text
+  // with spaces (a rare word recurs) and not for long unsegmented runs (CJK), which rarely recur.
+  struct Options {
+    size_t max_cached_piece = 32;        // bytes; longer pieces are merged every time
+    size_t max_cache_entries = 1 << 18;  // the cache is cleared when it reaches this
+  };
+  explicit Gpt2Encoder(const Gpt2Tokenizer& tokenizer) : Gpt2Encoder(tokenizer, Options()) {}
+  Gpt2Encoder(const Gpt2Tokenizer& tokenizer, Options options);
 
   // Appends the ids of `text` as tiktoken's encode_ordinary would (special tokens are text).
   void EncodeOrdinary(std::string_view text, std::vector<int32_t>* out);
@@ -70,6 +77,7 @@ class Gpt2Encoder {
 
   const Gpt2Tokenizer& tokenizer_;
   const BpeVocab& vocab_;
+  const Options options_;
   // Piece bytes -> ids, for pieces that are not a single token. Bounded; cleared when full.
   absl::flat_hash_map<std::string, std::vector<int32_t>> cache_;
   std::vector<int32_t> scratch_;

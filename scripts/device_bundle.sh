@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Packs build/bin programs and the shared libraries the device machine lacks (Abseil, simdjson,
+# ICU 72, Gloo, ...) into .bundle/leantron.tar.gz, for the device tool's `carry`. Extra files
+# (corpora, vocabularies) can be added with --add PATH (stored under data/).
+#   scripts/device_bundle.sh [--add PATH]... [PROGRAM...]     (default: every program in build/bin)
+# On the device:  mkdir -p /tmp/lt && tar -xzf .bundle/leantron.tar.gz -C /tmp/lt &&
+#                 export PATH=/tmp/lt/bin:$PATH LD_LIBRARY_PATH=/tmp/lt/lib
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BIN="${BUILD_DIR:-$ROOT/build}/bin"
+OUT="$ROOT/.bundle"
+extra=()
+programs=()
+while (($#)); do
+  case "$1" in
+    --add) extra+=("$2"); shift 2 ;;
+    *) programs+=("$1"); shift ;;
+  esac
+done
+((${#programs[@]})) || mapfile -t programs < <(cd "$BIN" && ls)
+stage="$(mktemp -d)"
+trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage/bin" "$stage/lib" "$stage/data" "$OUT"
+# The device machine has glibc, libstdc++, CUDA, cuDNN and NCCL of its own.
+system='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|librt\.|libpthread\.|libgcc_s\.|libstdc\+\+\.|libcuda\.|libcudart\.|libcublas|libcublasLt\.|libcudnn|libnccl\.|libnvrtc|libz\.)'
+for p in "${programs[@]}"; do
+  cp "$BIN/$p" "$stage/bin/"
+  ldd "$BIN/$p" | awk '$3 ~ /^\// {print $1, $3}' | while read -r name path; do
+    [[ "$name" =~ $system ]] || cp -Ln "$path" "$stage/lib/$name"
+  done
+done
+for f in "${extra[@]}"; do cp -r "$f" "$stage/data/"; done
+tar -czf "$OUT/leantron.tar.gz" -C "$stage" .
+echo "$OUT/leantron.tar.gz: $(du -h "$OUT/leantron.tar.gz" | cut -f1) (${#programs[@]} programs, $(ls "$stage/lib" | wc -l) libraries)"
