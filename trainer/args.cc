@@ -39,6 +39,9 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
   // Parallelism.
   app.add_option("--tensor-model-parallel-size", a->tensor_model_parallel_size, "TP size");
   app.add_option("--pipeline-model-parallel-size", a->pipeline_model_parallel_size, "PP size");
+  app.add_option("--num-layers-per-virtual-pipeline-stage",
+                 a->num_layers_per_virtual_pipeline_stage,
+                 "Layers per model chunk: the interleaved 1F1B schedule");
   app.add_flag("--sequence-parallel", a->sequence_parallel, "Sequence parallelism (needs TP > 1)");
   app.add_flag("--use-distributed-optimizer", a->use_distributed_optimizer,
                "Shard optimizer state over data-parallel ranks (ZeRO-1)");
@@ -100,8 +103,6 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
   app.add_option("--position-embedding-type", u.position_embedding_type,
                  "learned_absolute (rope not implemented)");
   app.add_option("--context-parallel-size", u.context_parallel_size, "1 (CP not implemented)");
-  app.add_option("--num-layers-per-virtual-pipeline-stage", u.layers_per_virtual_stage,
-                 "(interleaved schedule not implemented)");
   app.add_option("--recompute-granularity", u.recompute_granularity, "(not implemented)");
   app.add_option("--tensorboard-dir", u.tensorboard_dir, "(not implemented)");
 }
@@ -120,8 +121,6 @@ absl::Status ValidateTrainArgs(TrainArgs* a) {
   if (u.position_embedding_type != "learned_absolute")
     return bad("--position-embedding-type ", u.position_embedding_type, " is not implemented yet");
   if (u.context_parallel_size != 1) return bad("context parallelism is not implemented yet");
-  if (u.layers_per_virtual_stage != 0)
-    return bad("the interleaved schedule is not implemented yet");
   if (!u.recompute_granularity.empty())
     return bad("activation recomputation is not implemented yet");
   if (!u.tensorboard_dir.empty()) return bad("--tensorboard-dir is not implemented yet");
@@ -167,6 +166,16 @@ absl::Status ValidateTrainArgs(TrainArgs* a) {
   if (a->global_batch_size % (a->micro_batch_size * dp) != 0)
     return bad("--global-batch-size ", a->global_batch_size, " is not divisible by micro-batch ",
                a->micro_batch_size, " x DP ", dp);
+  if (a->num_layers_per_virtual_pipeline_stage != 0) {
+    const int64_t per = a->num_layers_per_virtual_pipeline_stage;
+    if (pp < 2) return bad("--num-layers-per-virtual-pipeline-stage needs PP > 1");
+    if (per <= 0 || a->num_layers % (per * pp) != 0)
+      return bad("--num-layers ", a->num_layers, " is not divisible by PP ", pp,
+                 " x --num-layers-per-virtual-pipeline-stage ", per);
+    if (a->num_micro_batches() % pp != 0)
+      return bad("the interleaved schedule needs the ", a->num_micro_batches(),
+                 " micro-batches per step to be divisible by PP ", pp);
+  }
   if (tp == 1) a->sequence_parallel = false;  // as Megatron does
   if (a->sequence_parallel && a->seq_length % tp != 0)
     return bad("--sequence-parallel needs --seq-length ", a->seq_length, " divisible by TP ", tp);
@@ -221,13 +230,14 @@ std::string TrainArgsToJson(const TrainArgs& a) {
       "\"clip_grad\": %.17g, \"seed\": %d, \"hidden_dropout\": %.17g, "
       "\"attention_dropout\": %.17g, \"tensor_model_parallel_size\": %d, "
       "\"pipeline_model_parallel_size\": %d, \"data_parallel_size\": %d, "
-      "\"sequence_parallel\": %s, \"use_distributed_optimizer\": %s, \"tokenizer_type\": \"%s\"}",
+      "\"sequence_parallel\": %s, \"use_distributed_optimizer\": %s, \"tokenizer_type\": \"%s\", "
+      "\"virtual_pipeline_model_parallel_size\": %d}",
       a.micro_batch_size, a.global_batch_size, a.seq_length, a.train_iters, a.lr, a.min_lr,
       a.lr_decay_style, a.lr_warmup_iters, a.lr_decay_iters, a.weight_decay, a.clip_grad, a.seed,
       a.hidden_dropout, a.attention_dropout, a.tensor_model_parallel_size,
       a.pipeline_model_parallel_size, a.data_parallel_size(),
       a.sequence_parallel ? "true" : "false", a.use_distributed_optimizer ? "true" : "false",
-      a.tokenizer_type);
+      a.tokenizer_type, a.virtual_pipeline_size());
 }
 
 }  // namespace leantron::trainer

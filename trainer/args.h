@@ -28,6 +28,7 @@ struct TrainArgs {
   std::string vocab_file, merge_file;
   // Parallelism.
   int tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1;
+  int64_t num_layers_per_virtual_pipeline_stage = 0;  // 0: no interleaving
   bool sequence_parallel = false, use_distributed_optimizer = false;
   int nproc_per_node = 0;
   // Training.
@@ -60,13 +61,18 @@ struct TrainArgs {
     std::string normalization = "LayerNorm", position_embedding_type = "learned_absolute";
     int context_parallel_size = 1;
     int64_t num_query_groups = 0;
-    int64_t layers_per_virtual_stage = 0;
     std::string recompute_granularity, tensorboard_dir;
   } unsupported;
 
   int world_size = 1;  // from the launcher; DP = world / (TP·PP)
   int data_parallel_size() const {
     return world_size / (tensor_model_parallel_size * pipeline_model_parallel_size);
+  }
+  int virtual_pipeline_size() const {
+    return num_layers_per_virtual_pipeline_stage == 0
+               ? 1
+               : static_cast<int>(num_layers / (pipeline_model_parallel_size *
+                                                num_layers_per_virtual_pipeline_stage));
   }
   int64_t num_micro_batches() const {
     return global_batch_size / (micro_batch_size * data_parallel_size());

@@ -28,11 +28,11 @@ class Communicator {
   // out[n] = rank's block of Σ in[size·n].
   virtual void ReduceScatter(const float* in, float* out, size_t n) = 0;
   virtual void Broadcast(float* data, size_t n, int root) = 0;
-  virtual void Send(const float* data, size_t n, int peer) = 0;
-  virtual void Recv(float* data, size_t n, int peer) = 0;
-  // Both posted before either is waited on, so two neighbours exchanging never deadlock.
-  virtual void SendRecv(const float* send, size_t send_n, int send_peer, float* recv, size_t recv_n,
-                        int recv_peer) = 0;
+  // Point-to-point for pipeline schedules: messages of one tag between two ranks arrive in the
+  // order they were sent. SendAsync copies `data` and returns at once; WaitSends waits for all.
+  virtual void SendAsync(const float* data, size_t n, int peer, uint32_t tag) = 0;
+  virtual void Recv(float* data, size_t n, int peer, uint32_t tag) = 0;
+  virtual void WaitSends() = 0;
   virtual void Barrier() = 0;
 };
 

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <filesystem>
 #include <string>
@@ -20,6 +21,7 @@
 #include "gloo/rendezvous/file_store.h"
 #include "gloo/rendezvous/prefix_store.h"
 #include "gloo/transport/tcp/device.h"
+#include "gloo/transport/unbound_buffer.h"
 #include "trainer/comm.h"
 
 namespace leantron::trainer {
@@ -41,9 +43,10 @@ class SelfCommunicator final : public Communicator {
     if (in != out) std::memmove(out, in, n * sizeof(float));
   }
   void Broadcast(float*, size_t, int) override {}
-  void Send(const float*, size_t, int) override { std::abort(); }
-  void Recv(float*, size_t, int) override { std::abort(); }
-  void SendRecv(const float*, size_t, int, float*, size_t, int) override { std::abort(); }
+  // A group of one has no peer; a schedule never sends to itself.
+  void SendAsync(const float*, size_t, int, uint32_t) override { std::abort(); }
+  void Recv(float*, size_t, int, uint32_t) override { std::abort(); }
+  void WaitSends() override {}
   void Barrier() override {}
 };
 
@@ -83,24 +86,20 @@ class GlooCommunicator final : public Communicator {
     gloo::broadcast(opts);
   }
 
-  void Send(const float* data, size_t n, int peer) override {
-    auto buf = context_->createUnboundBuffer(const_cast<float*>(data), n * sizeof(float));
-    buf->send(peer, kP2pSlot);
-    buf->waitSend();
+  void SendAsync(const float* data, size_t n, int peer, uint32_t tag) override {
+    Pending& pending = pending_.emplace_back();
+    pending.data.assign(data, data + n);
+    pending.buffer = context_->createUnboundBuffer(pending.data.data(), n * sizeof(float));
+    pending.buffer->send(peer, kP2pSlot + tag);
   }
-  void Recv(float* data, size_t n, int peer) override {
+  void Recv(float* data, size_t n, int peer, uint32_t tag) override {
     auto buf = context_->createUnboundBuffer(data, n * sizeof(float));
-    buf->recv(peer, kP2pSlot);
+    buf->recv(peer, kP2pSlot + tag);
     buf->waitRecv();
   }
-  void SendRecv(const float* send, size_t send_n, int send_peer, float* recv, size_t recv_n,
-                int recv_peer) override {
-    auto out = context_->createUnboundBuffer(const_cast<float*>(send), send_n * sizeof(float));
-    auto in = context_->createUnboundBuffer(recv, recv_n * sizeof(float));
-    in->recv(recv_peer, kP2pSlot);
-    out->send(send_peer, kP2pSlot);
-    out->waitSend();
-    in->waitRecv();
+  void WaitSends() override {
+    for (Pending& p : pending_) p.buffer->waitSend();
+    pending_.clear();
   }
   void Barrier() override {
     gloo::BarrierOptions opts(context_);
@@ -118,6 +117,11 @@ class GlooCommunicator final : public Communicator {
     gloo::allreduce(opts);
   }
   std::shared_ptr<gloo::Context> context_;
+  struct Pending {
+    std::vector<float> data;
+    std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
+  };
+  std::deque<Pending> pending_;  // a deque: elements stay put while their send is in flight
 };
 
 int EnvInt(const char* name, int fallback) {

@@ -5,14 +5,14 @@
 namespace leantron::trainer {
 
 GptModel::GptModel(Ops* ops, const ckpt::ModelLayout& layout, Communicator* tp, ParamStore* params,
-                   int pp_rank, const ModelOptions& options)
+                   int pp_rank, int virtual_chunk, const ModelOptions& options)
     : ops_(ops), layout_(layout), tp_(tp), params_(params), opt_(options) {
   const ckpt::ModelConfig& c = layout.config();
   const ckpt::ParallelConfig& p = layout.parallel();
   tp_rank_ = tp->rank();
   tp_size_ = tp->size();
-  first_stage_ = pp_rank == 0;
-  last_stage_ = pp_rank == p.pp - 1;
+  first_stage_ = pp_rank == 0 && virtual_chunk == 0;
+  last_stage_ = pp_rank == p.pp - 1 && virtual_chunk == p.vpp - 1;
   h_ = c.hidden_size;
   total_heads_ = c.num_attention_heads;
   heads_local_ = c.num_attention_heads / tp_size_;
@@ -26,7 +26,7 @@ GptModel::GptModel(Ops* ops, const ckpt::ModelLayout& layout, Communicator* tp, 
 
   auto param = [&](const std::string& n) { return params_->Param(n); };
   auto grad = [&](const std::string& n) { return params_->Grad(n); };
-  const auto [first_layer, last_layer] = layout.StageLayers(pp_rank, 0);
+  const auto [first_layer, last_layer] = layout.StageLayers(pp_rank, virtual_chunk);
   for (int i = first_layer; i < last_layer; ++i) {
     const std::string pre = absl::StrFormat("decoder.layers.%d.", i);
     LayerWeights w;

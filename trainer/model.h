@@ -37,8 +37,9 @@ struct MicroBatch {
 
 class GptModel {
  public:
+  // `virtual_chunk`: which of this stage's model chunks (interleaved schedule; 0 otherwise).
   GptModel(Ops* ops, const ckpt::ModelLayout& layout, Communicator* tp, ParamStore* params,
-           int pp_rank, const ModelOptions& options);
+           int pp_rank, int virtual_chunk, const ModelOptions& options);
   ~GptModel();
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;

@@ -1,69 +1,76 @@
 #include "trainer/pipeline.h"
 
 #include <algorithm>
+#include <cstdint>
 
 namespace leantron::trainer {
+namespace {
+constexpr uint32_t kActivationTag = 0;
+constexpr uint32_t kGradientTag = 1;
+}  // namespace
 
-double RunSchedule(GptModel& model, Communicator& pp, const std::vector<MicroBatch>& mbs,
-                   bool forward_only) {
+double RunSchedule(const std::vector<GptModel*>& chunks, Communicator& pp,
+                   const std::vector<MicroBatch>& mbs, bool forward_only) {
   const int64_t m = static_cast<int64_t>(mbs.size());
   const float loss_scale = 1.0f / static_cast<float>(m);
-  const bool first = model.first_stage(), last = model.last_stage();
-  const int prev = pp.rank() - 1, next = pp.rank() + 1;
-  const size_t n = static_cast<size_t>(model.hidden_rows() * model.hidden_size());
-  std::vector<float> input(first ? 0 : n), grad_out(last ? 0 : n);
+  const int64_t stages = pp.size(), rank = pp.rank();
+  const int64_t vpp = static_cast<int64_t>(chunks.size());
   double loss_sum = 0.0;
-
-  if (pp.size() == 1) {
+  if (stages == 1) {
     for (int64_t i = 0; i < m; ++i) {
-      loss_sum += model.Forward(0, mbs[i], nullptr);
-      if (!forward_only) model.Backward(0, nullptr, loss_scale);
+      loss_sum += chunks[0]->Forward(0, mbs[i], nullptr);
+      if (!forward_only) chunks[0]->Backward(0, nullptr, loss_scale);
     }
     return loss_sum;
   }
+  const int next = static_cast<int>((rank + 1) % stages);
+  const int prev = static_cast<int>((rank + stages - 1) % stages);
+  const size_t n = static_cast<size_t>(chunks[0]->hidden_rows() * chunks[0]->hidden_size());
+  std::vector<float> input(n), grad(n);
+  const int64_t total = m * vpp, group = stages * vpp;
+  int64_t warmup;
   if (forward_only) {
-    for (int64_t i = 0; i < m; ++i) {
-      if (!first) pp.Recv(input.data(), n, prev);
-      loss_sum += model.Forward(0, mbs[i], input.data());
-      if (!last) pp.Send(model.Output(0), n, next);
-    }
-    return loss_sum;
+    warmup = total;
+  } else if (vpp == 1) {
+    warmup = std::min(stages - rank - 1, m);
+  } else if (m == stages) {
+    warmup = total;  // Megatron: all warm-up when there is one round of micro-batches
+  } else {
+    warmup = std::min((stages - rank - 1) * 2 + (vpp - 1) * stages, total);
   }
-  const int64_t warmup = std::min<int64_t>(pp.size() - pp.rank() - 1, m);
-  const int64_t remaining = m - warmup;
-  const int slots = static_cast<int>(warmup + 1);
-  auto forward = [&](int64_t i) {
-    loss_sum += model.Forward(static_cast<int>(i % slots), mbs[i], input.data());
+  // Micro-batches in flight on one chunk are consecutive and at most warmup + 1.
+  const int64_t slots = std::min(m, warmup + 1);
+  auto chunk_of = [&](int64_t k, bool forward) {
+    const int64_t c = (k % group) / stages;
+    return forward ? c : vpp - 1 - c;
   };
-  auto backward = [&](int64_t i) {
-    model.Backward(static_cast<int>(i % slots), grad_out.data(), loss_scale);
+  auto micro_of = [&](int64_t k) { return (k / group) * stages + k % stages; };
+
+  auto forward = [&](int64_t k) {
+    GptModel& model = *chunks[chunk_of(k, true)];
+    const int64_t mb = micro_of(k);
+    if (!model.first_stage()) pp.Recv(input.data(), n, prev, kActivationTag);
+    loss_sum += model.Forward(static_cast<int>(mb % slots), mbs[mb], input.data());
+    if (!model.last_stage()) {
+      pp.SendAsync(model.Output(static_cast<int>(mb % slots)), n, next, kActivationTag);
+    }
   };
-  for (int64_t i = 0; i < warmup; ++i) {
-    if (!first) pp.Recv(input.data(), n, prev);
-    forward(i);
-    if (!last) pp.Send(model.Output(static_cast<int>(i % slots)), n, next);
+  auto backward = [&](int64_t k) {
+    GptModel& model = *chunks[chunk_of(k, false)];
+    const int64_t mb = micro_of(k);
+    if (!model.last_stage()) pp.Recv(grad.data(), n, next, kGradientTag);
+    model.Backward(static_cast<int>(mb % slots), grad.data(), loss_scale);
+    if (!model.first_stage()) pp.SendAsync(model.InputGrad(), n, prev, kGradientTag);
+  };
+  for (int64_t k = 0; k < warmup; ++k) forward(k);
+  for (int64_t k = 0; k < total - warmup; ++k) {
+    forward(warmup + k);
+    backward(k);
   }
-  if (remaining > 0 && !first) pp.Recv(input.data(), n, prev);
-  for (int64_t i = 0; i < remaining; ++i) {
-    const int64_t f = warmup + i;
-    forward(f);
-    if (!last) {
-      pp.SendRecv(model.Output(static_cast<int>(f % slots)), n, next, grad_out.data(), n, next);
-    }
-    backward(i);
-    if (!first) {
-      if (i == remaining - 1) {
-        pp.Send(model.InputGrad(), n, prev);
-      } else {
-        pp.SendRecv(model.InputGrad(), n, prev, input.data(), n, prev);
-      }
-    }
+  if (!forward_only) {
+    for (int64_t k = total - warmup; k < total; ++k) backward(k);
   }
-  for (int64_t i = 0; i < warmup; ++i) {
-    if (!last) pp.Recv(grad_out.data(), n, next);
-    backward(remaining + i);
-    if (!first) pp.Send(model.InputGrad(), n, prev);
-  }
+  pp.WaitSends();
   return loss_sum;
 }
 

@@ -1,10 +1,14 @@
-// Forward/backward schedules over pipeline stages. With one stage: every micro-batch forward then
-// backward in turn (gradient accumulation). With several: Megatron's 1F1B without interleaving —
-// min(PP − rank − 1, M) warm-up forwards, then one forward / one backward, then the remaining
-// backwards — exchanging activations and their gradients with the neighbouring stages.
+// Forward/backward schedules over pipeline stages, Megatron's order:
+//   one stage: each micro-batch forward then backward (gradient accumulation);
+//   1F1B: min(PP − rank − 1, M) warm-up forwards, then one forward / one backward, then the
+//   remaining backwards;
+//   interleaved (V model chunks per stage): virtual step k runs chunk (k mod PP·V) / PP (reversed
+//   for backwards) on micro-batch (k / PP·V)·PP + k mod PP, with (PP − rank − 1)·2 + (V − 1)·PP
+//   warm-up forwards.
+// Activations travel to the next rank of the ring (the last stage's chunk c feeds chunk c + 1 of
+// stage 0) and gradients back. Sends do not block, so a rank only ever waits for data it needs.
 #pragma once
 
-#include <cstdint>
 #include <vector>
 
 #include "trainer/comm.h"
@@ -12,9 +16,10 @@
 
 namespace leantron::trainer {
 
-// Returns the sum of the micro-batch losses on the last stage (0 elsewhere). Gradients of
-// loss / M accumulate into the model's ParamStore unless forward_only.
-double RunSchedule(GptModel& model, Communicator& pp, const std::vector<MicroBatch>& micro_batches,
-                   bool forward_only);
+// `chunks`: this rank's model chunks in virtual order (one without interleaving). Returns the sum
+// of the micro-batch losses on the last stage (0 elsewhere). Gradients of loss / M accumulate
+// into the chunks' ParamStore unless forward_only.
+double RunSchedule(const std::vector<GptModel*>& chunks, Communicator& pp,
+                   const std::vector<MicroBatch>& micro_batches, bool forward_only);
 
 }  // namespace leantron::trainer

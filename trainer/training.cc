@@ -74,7 +74,8 @@ class Trainer {
   std::unique_ptr<Ops> ops_;
   std::unique_ptr<ckpt::ModelLayout> layout_;
   std::unique_ptr<ParamStore> params_;
-  std::unique_ptr<GptModel> model_;
+  std::vector<std::unique_ptr<GptModel>> models_;  // this stage's model chunks
+  std::vector<GptModel*> chunks_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<BatchSource> data_;
 };
@@ -100,7 +101,7 @@ absl::Status Trainer::Evaluate(int64_t iteration, int64_t index) {
     const int64_t consumed = (index * args_.eval_iters + k) * args_.global_batch_size;
     if (absl::Status s = GetMicroBatches(data::SplitKind::kValid, consumed, false, &mbs); !s.ok())
       return s;
-    loss_sum += RunSchedule(*model_, *g_.pp, mbs, /*forward_only=*/true);
+    loss_sum += RunSchedule(chunks_, *g_.pp, mbs, /*forward_only=*/true);
     count += static_cast<int64_t>(mbs.size());
   }
   double loss[1] = {count > 0 ? loss_sum / count : 0.0};
@@ -137,7 +138,8 @@ absl::Status Trainer::Run() {
   ops_ = std::move(*ops);
   const ckpt::ModelConfig config = ModelConfigFromArgs(args_);
   absl::StatusOr<ckpt::ModelLayout> layout = ckpt::ModelLayout::Create(
-      config, {args_.tensor_model_parallel_size, args_.pipeline_model_parallel_size, 1});
+      config, {args_.tensor_model_parallel_size, args_.pipeline_model_parallel_size,
+               args_.virtual_pipeline_size()});
   if (!layout.ok()) return layout.status();
   layout_ = std::make_unique<ckpt::ModelLayout>(std::move(*layout));
   params_ = std::make_unique<ParamStore>(ops_.get(), *layout_, g_.coords.tp, g_.coords.pp,
@@ -150,8 +152,11 @@ absl::Status Trainer::Run() {
   mo.attention_dropout = static_cast<float>(args_.attention_dropout);
   mo.sequence_parallel = args_.sequence_parallel;
   mo.seed = args_.seed;
-  model_ = std::make_unique<GptModel>(ops_.get(), *layout_, g_.tp.get(), params_.get(),
-                                      g_.coords.pp, mo);
+  for (int v = 0; v < args_.virtual_pipeline_size(); ++v) {
+    models_.push_back(std::make_unique<GptModel>(ops_.get(), *layout_, g_.tp.get(), params_.get(),
+                                                 g_.coords.pp, v, mo));
+    chunks_.push_back(models_.back().get());
+  }
   OptimizerOptions oo;
   oo.beta1 = static_cast<float>(args_.adam_beta1);
   oo.beta2 = static_cast<float>(args_.adam_beta2);
@@ -195,10 +200,10 @@ absl::Status Trainer::Run() {
       if (p.tied_to.empty()) total += ckpt::NumElements(p.shape);
     Print(absl::StrFormat(
         "> building GPT model: %d layers, hidden %d, heads %d, ffn %d, padded vocab %d, %d "
-        "parameters; TP %d PP %d DP %d%s%s; %d micro-batches per step\n",
+        "parameters; TP %d PP %d (x%d virtual) DP %d%s%s; %d micro-batches per step\n",
         config.num_layers, config.hidden_size, config.num_attention_heads, config.ffn_hidden_size,
-        layout_->padded_vocab_size(), total, g_.sizes.tp, g_.sizes.pp, g_.sizes.dp,
-        args_.sequence_parallel ? " +SP" : "",
+        layout_->padded_vocab_size(), total, g_.sizes.tp, g_.sizes.pp,
+        args_.virtual_pipeline_size(), g_.sizes.dp, args_.sequence_parallel ? " +SP" : "",
         args_.use_distributed_optimizer ? " +distributed optimizer" : "",
         args_.num_micro_batches()));
   }
@@ -228,7 +233,7 @@ absl::Status Trainer::Run() {
         !s.ok())
       return s;
     optimizer_->ZeroGrad();
-    double loss[1] = {RunSchedule(*model_, *g_.pp, mbs, false) / static_cast<double>(mbs.size())};
+    double loss[1] = {RunSchedule(chunks_, *g_.pp, mbs, false) / static_cast<double>(mbs.size())};
     optimizer_->FinalizeGrads();
     const float lr = static_cast<float>(sched.At(pos.iteration));
     const StepResult step = optimizer_->Step(lr);

@@ -1,4 +1,5 @@
-"""Parallel equivalence, as real separate processes over Gloo: training losses, validation losses
+"""Parallel equivalence (data, tensor, sequence, pipeline 1F1B and interleaved, distributed
+optimizer), as real separate processes over Gloo: training losses, validation losses
 and final weights of (TP, PP, DP) = (1, 1, 1) equal those of every implemented layout to float32
 tolerance, over 20 iterations with gradient accumulation and dropout on, on a real small dataset."""
 import numpy as np
@@ -40,6 +41,11 @@ LAYOUTS = {
     "tp2_sp": (2, ["--tensor-model-parallel-size", "2", "--sequence-parallel"]),
     "pp2": (2, ["--pipeline-model-parallel-size", "2"]),
     "dp2_distopt": (2, ["--use-distributed-optimizer"]),
+    "pp2_interleaved": (2, ["--pipeline-model-parallel-size", "2",
+                            "--num-layers-per-virtual-pipeline-stage", "1"]),
+    "pp4": (4, ["--pipeline-model-parallel-size", "4"]),
+    "dp2_pp2_interleaved": (4, ["--pipeline-model-parallel-size", "2",
+                                "--num-layers-per-virtual-pipeline-stage", "1"]),
     "tp2_pp2_sp": (4, ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
                        "--sequence-parallel"]),
     "tp2_pp2_dp2_distopt": (8, ["--tensor-model-parallel-size", "2",
