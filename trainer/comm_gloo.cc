@@ -23,6 +23,7 @@
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
 #include "trainer/comm.h"
+#include "trainer/tcp_store.h"
 
 namespace leantron::trainer {
 namespace {
@@ -164,15 +165,7 @@ LaunchInfo LaunchInfoFromEnvironment() {
   }
   if (const char* a = std::getenv("MASTER_ADDR")) info.master_addr = a;
   info.master_port = EnvInt("MASTER_PORT", 29500);
-  if (const char* d = std::getenv("LEANTRON_RENDEZVOUS_DIR")) {
-    info.rendezvous_dir = d;
-  } else {
-    // Without a TCP store the ranks meet in a directory every rank can see; the job id keeps
-    // concurrent jobs on one port apart.
-    const char* job = std::getenv("SLURM_JOB_ID");
-    info.rendezvous_dir = absl::StrCat("/tmp/leantron-rendezvous-", info.master_addr, "-",
-                                       info.master_port, "-", job ? job : "0");
-  }
+  if (const char* d = std::getenv("LEANTRON_RENDEZVOUS_DIR")) info.rendezvous_dir = d;
   return info;
 }
 
@@ -196,13 +189,32 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(const LaunchInfo& launch,
     return g;
   }
   try {
-    std::error_code ec;
-    std::filesystem::create_directories(launch.rendezvous_dir, ec);
-    if (ec) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot create rendezvous directory ", launch.rendezvous_dir));
+    const auto timeout = std::chrono::seconds(EnvInt("LEANTRON_COMM_TIMEOUT_S", 600));
+    // Rendezvous: a directory every rank sees (train --nproc-per-node makes one), else a TCP
+    // store served by rank 0 on MASTER_ADDR:MASTER_PORT.
+    std::unique_ptr<gloo::rendezvous::Store> owned_store;
+    std::unique_ptr<TcpStoreServer> server;
+    if (!launch.rendezvous_dir.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(launch.rendezvous_dir, ec);
+      if (ec) {
+        return absl::UnavailableError(
+            absl::StrCat("cannot create rendezvous directory ", launch.rendezvous_dir));
+      }
+      owned_store = std::make_unique<gloo::rendezvous::FileStore>(launch.rendezvous_dir);
+    } else {
+      if (launch.rank == 0) {
+        absl::StatusOr<std::unique_ptr<TcpStoreServer>> s =
+            TcpStoreServer::Start(launch.master_port);
+        if (!s.ok()) return s.status();
+        server = std::move(*s);
+      }
+      absl::StatusOr<std::unique_ptr<TcpStore>> c =
+          TcpStore::Connect(launch.master_addr, launch.master_port, timeout, timeout);
+      if (!c.ok()) return c.status();
+      owned_store = std::move(*c);
     }
-    gloo::rendezvous::FileStore store(launch.rendezvous_dir);
+    gloo::rendezvous::Store& store = *owned_store;
     gloo::transport::tcp::attr attr;
     const char* host = std::getenv("LEANTRON_GLOO_HOSTNAME");
     attr.hostname =
@@ -215,7 +227,6 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(const LaunchInfo& launch,
       attr.hostname = name;
     }
     auto device = gloo::transport::tcp::CreateDevice(attr);
-    const auto timeout = std::chrono::seconds(EnvInt("LEANTRON_COMM_TIMEOUT_S", 600));
 
     // Connects the group `members` (world ranks, in group-rank order) under `key` if this rank
     // is a member.
@@ -248,6 +259,13 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(const LaunchInfo& launch,
     g.pp = connect(absl::StrCat("pp-", c.tp, "-", c.dp, "/"), pp);
     g.model = connect(absl::StrCat("mp-", c.dp, "/"), model);
     if (sizes.pp > 1) g.embedding = connect(absl::StrCat("emb-", c.tp, "-", c.dp, "/"), embedding);
+    // Rank 0 serves the store until every rank is done with it.
+    store.set(absl::StrCat("done/", launch.rank), {'1'});
+    if (server) {
+      std::vector<std::string> done;
+      for (int r = 0; r < sizes.world(); ++r) done.push_back(absl::StrCat("done/", r));
+      store.wait(done);
+    }
     return g;
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("gloo rendezvous failed: ", e.what()));

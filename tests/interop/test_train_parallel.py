@@ -77,3 +77,33 @@ def test_layout_matches_single_process(layout, dataset, baseline, tmp_path):
         for name, want in base_weights[kind].items():
             np.testing.assert_allclose(weights[kind][name], want, rtol=1e-3, atol=2e-5,
                                        err_msg=f"{kind}{name}")
+
+
+@pytest.mark.parametrize("style", ["torchrun", "slurm"])
+def test_cluster_launchers_rendezvous_over_tcp(style, dataset, baseline, tmp_path):
+    """The same binary started once per rank by a launcher (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT
+    or SLURM_*), meeting through rank 0's TCP store; rank 1 starts first."""
+    import os
+    import socket
+    import subprocess
+
+    from train_testlib import TRAIN
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in (1, 0):
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        env.pop("LEANTRON_RENDEZVOUS_DIR", None)
+        if style == "torchrun":
+            env.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
+        else:
+            env.update(SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank))
+        args = common(dataset, tmp_path / "ck") + ["--tensor-model-parallel-size", "2"]
+        procs.append(subprocess.Popen([str(TRAIN), *map(str, args)], env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    train, _ = parse_log(outs[0][0] + outs[1][0])
+    for it, row in baseline[0].items():
+        assert train[it][1] == pytest.approx(row[1], rel=2e-5)

@@ -10,6 +10,7 @@
 #include "libckpt/layout.h"
 #include "trainer/args.h"
 #include "trainer/comm.h"
+#include "trainer/optimizer.h"
 #include "trainer/params.h"
 #include "trainer/scheduler.h"
 
@@ -134,6 +135,54 @@ TEST(ParamStoreTest, InitialisationIsLayoutIndependentAndMegatronLike) {
   // Replicated tensors count in the norm on TP rank 0 only.
   EXPECT_FALSE(shard.Find("decoder.layers.0.input_layernorm.weight")->count_in_norm);
   EXPECT_TRUE(shard.Find("decoder.layers.0.mlp.linear_fc1.weight")->count_in_norm);
+}
+
+ProcessGroups SelfGroups() {
+  ProcessGroups g;
+  g.world = MakeSelfCommunicator();
+  g.tp = MakeSelfCommunicator();
+  g.dp = MakeSelfCommunicator();
+  g.pp = MakeSelfCommunicator();
+  g.model = MakeSelfCommunicator();
+  return g;
+}
+
+TEST(OptimizerTest, NonFiniteGradientsSkipTheStepAndNormsAndDecayAreMegatrons) {
+  const ckpt::ModelConfig config = TinyConfig(false);
+  auto layout = ckpt::ModelLayout::Create(config, {1, 1, 1});
+  auto ops = *CreateOps("cpu");
+  ProcessGroups groups = SelfGroups();
+  ParamStore params(ops.get(), *layout, 0, 0, false);
+  params.Initialize(3, 0.02);
+  OptimizerOptions oo;
+  oo.weight_decay = 0.1f;
+  oo.clip_grad = 1.0f;
+  Optimizer opt(ops.get(), &params, &groups, oo);
+  const std::vector<float> before(params.data(), params.data() + params.size());
+
+  opt.ZeroGrad();
+  params.grad()[5] = NAN;
+  StepResult r = opt.Step(1e-2f);
+  EXPECT_TRUE(r.skipped);
+  EXPECT_EQ(opt.step(), 0);
+  for (size_t i = 0; i < params.size(); ++i) ASSERT_EQ(params.data()[i], before[i]);
+
+  // Finite: the reported norm is the unclipped global norm; zero gradients leave only the
+  // decoupled weight decay, which spares biases and norms.
+  opt.ZeroGrad();
+  const ParamView* emb = params.Find("embedding.word_embeddings.weight");
+  params.grad()[emb->offset] = 3.0f;
+  params.grad()[emb->offset + 1] = 4.0f;
+  r = opt.Step(1e-2f);
+  EXPECT_FALSE(r.skipped);
+  EXPECT_NEAR(r.grad_norm, 5.0, 1e-9);
+  EXPECT_EQ(opt.step(), 1);
+  const ParamView* ln = params.Find("decoder.layers.0.input_layernorm.weight");
+  const ParamView* fc1 = params.Find("decoder.layers.0.mlp.linear_fc1.weight");
+  EXPECT_EQ(params.data()[ln->offset], 1.0f);
+  EXPECT_FLOAT_EQ(params.data()[fc1->offset], before[fc1->offset] * (1.0f - 1e-2f * 0.1f));
+  // Clipped gradients (norm 5 → 1) move the first element by lr · sign (Adam's first step).
+  EXPECT_NEAR(params.data()[emb->offset], before[emb->offset] * (1.0f - 1e-3f) - 1e-2f, 1e-6);
 }
 
 TEST(SchedulerTest, MegatronShapes) {
