@@ -229,7 +229,8 @@ void ReadInputs(const std::vector<std::string>& files, Pipeline* p) {
         batch->file = f;
       }
     }
-    // Lines read before a decompression error are still written, then the error is reported.
+    // Lines read before a decompression error still go through the workers, so that an error
+    // earlier in the input is the one reported; nothing is written either way.
     if (!batch->lines.empty() && !push(std::move(batch))) return;
   }
   std::lock_guard lock(p->mu);
