@@ -89,6 +89,10 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
   app.add_option("--eval-interval", a->eval_interval, "Evaluate every N iterations (default 1000)");
   app.add_option("--eval-iters", a->eval_iters, "Batches per evaluation (default 100)");
   app.add_flag("--log-throughput", a->log_throughput, "Add TFLOP/s and tokens/s to the log line");
+  app.add_option("--tensorboard-dir", a->tensorboard_dir,
+                 "Write TensorBoard scalar events (loss, learning rate, grad norm, ...) here");
+  app.add_option("--tensorboard-log-interval", a->tensorboard_log_interval,
+                 "Write TensorBoard scalars every N iterations (default 1)");
   app.add_option("--ops-backend", a->backend, "Ops backend (cpu)");
   // Known, not implemented.
   TrainArgs::Unsupported& u = a->unsupported;
@@ -104,7 +108,6 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
                  "learned_absolute (rope not implemented)");
   app.add_option("--context-parallel-size", u.context_parallel_size, "1 (CP not implemented)");
   app.add_option("--recompute-granularity", u.recompute_granularity, "(not implemented)");
-  app.add_option("--tensorboard-dir", u.tensorboard_dir, "(not implemented)");
 }
 
 absl::Status ValidateTrainArgs(TrainArgs* a) {
@@ -123,7 +126,6 @@ absl::Status ValidateTrainArgs(TrainArgs* a) {
   if (u.context_parallel_size != 1) return bad("context parallelism is not implemented yet");
   if (!u.recompute_granularity.empty())
     return bad("activation recomputation is not implemented yet");
-  if (!u.tensorboard_dir.empty()) return bad("--tensorboard-dir is not implemented yet");
 
   if (a->num_layers <= 0 || a->hidden_size <= 0 || a->num_attention_heads <= 0)
     return bad("--num-layers, --hidden-size and --num-attention-heads must be given and positive");

@@ -52,6 +52,8 @@ struct TrainArgs {
   // Logging and evaluation.
   int64_t log_interval = 100, eval_interval = 1000, eval_iters = 100;
   bool log_throughput = false;
+  std::string tensorboard_dir;
+  int64_t tensorboard_log_interval = 1;
   std::string backend = "cpu";
   // Megatron flags this trainer knows but does not implement yet: parsed so the user gets a
   // sentence saying so instead of "unknown option".
@@ -61,7 +63,7 @@ struct TrainArgs {
     std::string normalization = "LayerNorm", position_embedding_type = "learned_absolute";
     int context_parallel_size = 1;
     int64_t num_query_groups = 0;
-    std::string recompute_granularity, tensorboard_dir;
+    std::string recompute_granularity;
   } unsupported;
 
   int world_size = 1;  // from the launcher; DP = world / (TP·PP)

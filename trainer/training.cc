@@ -18,6 +18,7 @@
 #include "trainer/params.h"
 #include "trainer/pipeline.h"
 #include "trainer/scheduler.h"
+#include "trainer/tensorboard.h"
 
 namespace leantron::trainer {
 namespace {
@@ -78,6 +79,7 @@ class Trainer {
   std::vector<GptModel*> chunks_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<BatchSource> data_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;  // logging rank only
 };
 
 absl::Status Trainer::GetMicroBatches(data::SplitKind kind, int64_t consumed, bool training,
@@ -111,6 +113,11 @@ absl::Status Trainer::Evaluate(int64_t iteration, int64_t index) {
     const std::string line =
         absl::StrFormat(" validation loss at iteration %d | lm loss value: %E | lm loss PPL: %E | ",
                         iteration, loss[0], std::exp(std::min(20.0, loss[0])));
+    if (tensorboard_) {
+      tensorboard_->AddScalar("lm loss validation", loss[0], iteration);
+      tensorboard_->AddScalar("lm loss validation ppl", std::exp(std::min(20.0, loss[0])),
+                              iteration);
+    }
     const std::string rule(line.size() + 1, '-');
     Print(absl::StrCat(rule, "\n", line, "\n", rule, "\n"));
   }
@@ -208,6 +215,12 @@ absl::Status Trainer::Run() {
         args_.num_micro_batches()));
   }
 
+  if (!args_.tensorboard_dir.empty() && logging_rank()) {
+    absl::StatusOr<std::unique_ptr<TensorBoardWriter>> tb =
+        TensorBoardWriter::Create(args_.tensorboard_dir);
+    if (!tb.ok()) return tb.status();
+    tensorboard_ = std::move(*tb);
+  }
   LrSchedule sched;
   sched.max_lr = args_.lr;
   sched.min_lr = args_.min_lr;
@@ -252,6 +265,17 @@ absl::Status Trainer::Run() {
       ++interval_loss_iters;
     }
 
+    if (tensorboard_ && pos.iteration % args_.tensorboard_log_interval == 0) {
+      const double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      tensorboard_->AddScalar("learning-rate", lr, pos.iteration);
+      tensorboard_->AddScalar("batch-size", static_cast<double>(args_.global_batch_size),
+                              pos.iteration);
+      if (std::isfinite(loss[0])) tensorboard_->AddScalar("lm loss", loss[0], pos.iteration);
+      tensorboard_->AddScalar("loss-scale", 1.0, pos.iteration);
+      tensorboard_->AddScalar("grad-norm", step.grad_norm, pos.iteration);
+      tensorboard_->AddScalar("iteration-time", secs, pos.iteration);
+    }
     if (pos.iteration % args_.log_interval == 0 && logging_rank()) {
       const double ms = interval_ms / interval_iters;
       std::string line = absl::StrFormat(

@@ -39,3 +39,80 @@ def test_mock_training_lowers_the_loss():
     assert train[60][1] < train[10][1] - 1.0
     assert sorted(valid) == [30, 60]
     assert train[60][0] == 0.0  # cosine decayed to --min-lr 0
+
+
+def crc32c(data):
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def masked(data):
+    c = crc32c(data)
+    return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def varint(buf, i):
+    v, shift = 0, 0
+    while True:
+        b = buf[i]
+        i += 1
+        v |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            return v, i
+
+
+def fields(buf):
+    """Decodes one protobuf message into [(field, value)] (wire types 0, 1, 2, 5)."""
+    import struct
+    out, i = [], 0
+    while i < len(buf):
+        key, i = varint(buf, i)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            v, i = varint(buf, i)
+        elif wire == 1:
+            v, i = struct.unpack("<d", buf[i:i + 8])[0], i + 8
+        elif wire == 5:
+            v, i = struct.unpack("<f", buf[i:i + 4])[0], i + 4
+        else:
+            n, i = varint(buf, i)
+            v, i = buf[i:i + n], i + n
+        out.append((field, v))
+    return out
+
+
+def test_tensorboard_event_file(tmp_path):
+    """TFRecord framing with valid masked CRC-32C, tensorflow.Event protos with the scalars
+    Megatron writes, values equal to the log's."""
+    import struct
+    assert crc32c(b"123456789") == 0xE3069283  # the standard CRC-32C check value
+    proc = run_train(TINY + ["--mock-data", "--micro-batch-size", "2", "--global-batch-size", "4",
+                             "--train-iters", "4", "--lr", "1e-3", "--log-interval", "1",
+                             "--eval-interval", "2", "--eval-iters", "1",
+                             "--tensorboard-dir", tmp_path / "tb"])
+    train, valid = parse_log(proc.stdout)
+    (path,) = (tmp_path / "tb").glob("events.out.tfevents.*")
+    data, i, events = path.read_bytes(), 0, []
+    while i < len(data):
+        (n,) = struct.unpack("<Q", data[i:i + 8])
+        assert struct.unpack("<I", data[i + 8:i + 12])[0] == masked(data[i:i + 8])
+        body = data[i + 12:i + 12 + n]
+        assert struct.unpack("<I", data[i + 12 + n:i + 16 + n])[0] == masked(body)
+        events.append(dict(fields(body)))
+        i += 16 + n
+    assert events[0][3] == b"brain.Event:2"
+    scalars = {}
+    for e in events[1:]:
+        value = dict(fields(dict(fields(e[5]))[1]))
+        scalars.setdefault(value[1].decode(), {})[e[2]] = value[2]
+    assert set(scalars) >= {"lm loss", "learning-rate", "grad-norm", "batch-size",
+                            "lm loss validation"}
+    for it, (lr, loss, norm, _) in train.items():
+        assert scalars["lm loss"][it] == pytest.approx(loss, rel=1e-6)
+        assert scalars["grad-norm"][it] == pytest.approx(norm, abs=1e-3)
+    assert scalars["lm loss validation"][2] == pytest.approx(valid[2], rel=1e-6)
