@@ -191,3 +191,23 @@ def test_interrupted_run_leaves_nothing_that_looks_valid(tmp_path, sig):
         assert all(".tmp-" in n for n in names if n != "in.jsonl"), names
     else:  # a catchable signal also removes them
         assert names == ["in.jsonl"], names
+
+
+def test_tiktoken_rank_file_gives_the_same_output(tmp_path):
+    import base64
+
+    from tiktoken_ref import vocab_dir
+
+    rank_file = vocab_dir() / "gpt2.tiktoken"
+    if not rank_file.exists():  # write one from the reference's ranks (tiktoken's file format)
+        rank_file = tmp_path / "gpt2.tiktoken"
+        ranks = reference()._mergeable_ranks
+        rank_file.write_text("".join(f"{base64.b64encode(t).decode()} {r}\n"
+                                     for t, r in sorted(ranks.items(), key=lambda x: x[1])))
+    lines = corpus(150, seed=2)
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    python_peer(lines, str(tmp_path / "ref"), ["text"], True)
+    run_tool("preprocess_data", ["--input", str(tmp_path / "in.jsonl"), "--output-prefix",
+                                 str(tmp_path / "out"), "--tiktoken-file", str(rank_file),
+                                 "--append-eod"])
+    assert same_files(str(tmp_path / "out"), str(tmp_path / "ref"))
