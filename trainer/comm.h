@@ -39,6 +39,11 @@ class Communicator {
 // A group of one: every collective is the identity.
 std::unique_ptr<Communicator> MakeSelfCommunicator();
 
+// Wraps `inner`, adding the wall time spent in each call to `*seconds` (the trainer's report of
+// how much of a step goes to communication).
+std::unique_ptr<Communicator> MakeTimedCommunicator(std::unique_ptr<Communicator> inner,
+                                                    double* seconds);
+
 // Where this process sits: world rank = tp + TP·(cp + CP·(dp + DP·pp)) (CP = 1 here).
 struct RankCoords {
   int tp = 0, dp = 0, pp = 0;

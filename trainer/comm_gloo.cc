@@ -132,6 +132,62 @@ int EnvInt(const char* name, int fallback) {
 
 }  // namespace
 
+namespace {
+class TimedCommunicator final : public Communicator {
+ public:
+  TimedCommunicator(std::unique_ptr<Communicator> inner, double* seconds)
+      : inner_(std::move(inner)), seconds_(seconds) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  void AllReduceSum(float* d, size_t n) override {
+    Time([&] { inner_->AllReduceSum(d, n); });
+  }
+  void AllReduceMax(float* d, size_t n) override {
+    Time([&] { inner_->AllReduceMax(d, n); });
+  }
+  void AllReduceSumDouble(double* d, size_t n) override {
+    Time([&] { inner_->AllReduceSumDouble(d, n); });
+  }
+  void AllGather(const float* in, float* out, size_t n) override {
+    Time([&] { inner_->AllGather(in, out, n); });
+  }
+  void ReduceScatter(const float* in, float* out, size_t n) override {
+    Time([&] { inner_->ReduceScatter(in, out, n); });
+  }
+  void Broadcast(float* d, size_t n, int root) override {
+    Time([&] { inner_->Broadcast(d, n, root); });
+  }
+  void SendAsync(const float* d, size_t n, int peer, uint32_t tag) override {
+    Time([&] { inner_->SendAsync(d, n, peer, tag); });
+  }
+  void Recv(float* d, size_t n, int peer, uint32_t tag) override {
+    Time([&] { inner_->Recv(d, n, peer, tag); });
+  }
+  void WaitSends() override {
+    Time([&] { inner_->WaitSends(); });
+  }
+  void Barrier() override {
+    Time([&] { inner_->Barrier(); });
+  }
+
+ private:
+  template <typename F>
+  void Time(F&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    *seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  std::unique_ptr<Communicator> inner_;
+  double* seconds_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> MakeTimedCommunicator(std::unique_ptr<Communicator> inner,
+                                                    double* seconds) {
+  return std::make_unique<TimedCommunicator>(std::move(inner), seconds);
+}
+
 std::unique_ptr<Communicator> MakeSelfCommunicator() {
   return std::make_unique<SelfCommunicator>();
 }

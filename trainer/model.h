@@ -46,6 +46,8 @@ class GptModel {
 
   bool first_stage() const { return first_stage_; }
   bool last_stage() const { return last_stage_; }
+  int first_layer() const { return layers_.empty() ? -1 : layers_.front().global_index; }
+  int last_layer() const { return layers_.empty() ? -1 : layers_.back().global_index + 1; }
   // Rows of the hidden tensor between stages on this rank ([rows, hidden]).
   int64_t hidden_rows() const { return rows_local_; }
   int64_t hidden_size() const { return h_; }

@@ -41,6 +41,7 @@ class Optimizer {
   StepResult Step(float lr);
 
   int64_t step() const { return step_; }
+  size_t state_elements() const { return end_ - begin_; }  // per Adam moment, on this rank
   void set_step(int64_t s) { step_ = s; }
   // Adam moments for the whole of this rank's (tp, pp) shard, in the ParamStore's flat order. With
   // the distributed optimizer these gather every DP rank's slice (collective over DP).

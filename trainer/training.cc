@@ -80,7 +80,31 @@ class Trainer {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<BatchSource> data_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;  // logging rank only
+  double comm_seconds_ = 0.0;                       // spent inside any communicator
+  double train_seconds_ = 0.0;                      // spent in training iterations
+  void ReportRank(int64_t iterations);
 };
+
+// One line per rank: where it sits, what it holds, its memory and its communication share, so
+// uneven pipeline memory and communication cost are visible without outside tools.
+void Trainer::ReportRank(int64_t iterations) {
+  std::string layers;
+  for (const GptModel* m : chunks_) {
+    absl::StrAppend(&layers, layers.empty() ? "" : ", ", "[", m->first_layer(), ", ",
+                    m->last_layer(), ")", m->first_stage() ? " +embedding" : "",
+                    m->last_stage() ? " +output" : "");
+  }
+  const double param_mb = params_->size() * 4.0 / (1 << 20);
+  const double adam_mb = optimizer_->state_elements() * 8.0 / (1 << 20);
+  Print(absl::StrFormat(
+      "[Rank %d] tp %d pp %d dp %d | layers %s | parameters %d: %.1f MB + gradients %.1f MB + "
+      "Adam state %.1f MB | peak resident %d MB | communication and waiting for peers %.2f s of "
+      "%.2f s in %d "
+      "iterations (%.1f%%)\n",
+      g_.world_rank, g_.coords.tp, g_.coords.pp, g_.coords.dp, layers, params_->size(), param_mb,
+      param_mb, adam_mb, PeakResidentMiB(), comm_seconds_, train_seconds_, iterations,
+      train_seconds_ > 0 ? 100.0 * comm_seconds_ / train_seconds_ : 0.0));
+}
 
 absl::Status Trainer::GetMicroBatches(data::SplitKind kind, int64_t consumed, bool training,
                                       std::vector<MicroBatch>* out) {
@@ -140,6 +164,10 @@ absl::Status Trainer::Save(const TrainPosition& position) {
 }
 
 absl::Status Trainer::Run() {
+  for (std::unique_ptr<Communicator>* c :
+       {&g_.world, &g_.tp, &g_.dp, &g_.pp, &g_.model, &g_.embedding}) {
+    if (*c) *c = MakeTimedCommunicator(std::move(*c), &comm_seconds_);
+  }
   absl::StatusOr<std::unique_ptr<Ops>> ops = CreateOps(args_.backend);
   if (!ops.ok()) return ops.status();
   ops_ = std::move(*ops);
@@ -221,6 +249,7 @@ absl::Status Trainer::Run() {
     if (!tb.ok()) return tb.status();
     tensorboard_ = std::move(*tb);
   }
+  const int64_t start_iteration = pos.iteration;
   LrSchedule sched;
   sched.max_lr = args_.lr;
   sched.min_lr = args_.min_lr;
@@ -254,8 +283,10 @@ absl::Status Trainer::Run() {
     loss[0] /= g_.sizes.dp;
     ++pos.iteration;
     pos.consumed_train_samples += args_.global_batch_size;
-    interval_ms +=
+    const double iteration_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    interval_ms += iteration_ms;
+    train_seconds_ += iteration_ms / 1000.0;
     ++interval_iters;
     if (step.skipped) ++skipped;
     if (!std::isfinite(loss[0])) {
@@ -323,17 +354,15 @@ absl::Status Trainer::Run() {
       if (g_.world_rank == 0)
         Print(absl::StrFormat(" exiting %s at iteration %d\n",
                               exit_now ? "at --exit-interval" : "on signal", pos.iteration));
-      if (!args_.save.empty() &&
-          !(args_.save_interval > 0 && pos.iteration % args_.save_interval == 0)) {
-        return Save(pos);
-      }
-      return absl::OkStatus();
+      break;
     }
   }
+  // Save at the end (or on a stop) unless this iteration was just saved.
   if (!args_.save.empty() &&
       !(args_.save_interval > 0 && pos.iteration % args_.save_interval == 0)) {
     if (absl::Status s = Save(pos); !s.ok()) return s;
   }
+  ReportRank(pos.iteration - start_iteration);
   return absl::OkStatus();
 }
 
