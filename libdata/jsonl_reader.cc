@@ -137,6 +137,11 @@ bool IsJsonlName(const std::string& name) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ByteSource>> OpenByteSource(const std::string& path) {
+  if (path == "-") {  // standard input, uncompressed (pipe a decompressor in front if needed)
+    const int fd = ::dup(STDIN_FILENO);
+    if (fd < 0) return ErrnoError("cannot read", "standard input", errno);
+    return std::unique_ptr<ByteSource>(new PlainSource("(stdin)", fd));
+  }
   if (std::filesystem::is_directory(path)) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": is a directory"));
   }
@@ -156,7 +161,9 @@ absl::StatusOr<std::vector<std::string>> ExpandInputs(const std::vector<std::str
   std::vector<std::string> files;
   for (const std::string& input : inputs) {
     std::error_code ec;
-    if (fs::is_directory(input, ec)) {
+    if (input == "-") {
+      files.push_back(input);
+    } else if (fs::is_directory(input, ec)) {
       std::vector<std::string> found;
       for (auto it = fs::recursive_directory_iterator(input, ec); !ec && it != fs::end(it);
            it.increment(ec)) {

@@ -17,7 +17,7 @@ namespace leantron::data {
 
 // Expands `inputs` in order: a glob pattern becomes its sorted matches, a directory its JSONL
 // files (*.jsonl, *.json, and those with .zst/.gz after them) found recursively in sorted order,
-// a file itself. A pattern or path that matches nothing is an error.
+// a file itself, "-" standard input. A pattern or path that matches nothing is an error.
 absl::StatusOr<std::vector<std::string>> ExpandInputs(const std::vector<std::string>& inputs);
 
 // Source of decompressed bytes for one file.
@@ -30,7 +30,8 @@ class ByteSource {
   virtual uint64_t raw_bytes() const = 0;
 };
 
-// Picks the decoder from the file name: ".zst" zstd, ".gz" gzip, anything else plain.
+// Picks the decoder from the file name: ".zst" zstd, ".gz" gzip, anything else plain; "-" is
+// standard input, plain.
 absl::StatusOr<std::unique_ptr<ByteSource>> OpenByteSource(const std::string& path);
 
 class LineReader {

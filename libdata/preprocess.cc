@@ -351,8 +351,9 @@ absl::StatusOr<PreprocessStats> PreprocessData(const PreprocessOptions& options)
       stats.input_bytes += static_cast<int64_t>(batch->lines[k].second + 1);
       if (batch->kinds[k] == LineKind::kBlank) continue;
       if (batch->kinds[k] == LineKind::kInvalid) {
+        const std::string& file = (*files)[batch->file];
         const std::string where =
-            absl::StrCat((*files)[batch->file], ":", batch->line_numbers[k], ": ");
+            absl::StrCat(file == "-" ? "(stdin)" : file, ":", batch->line_numbers[k], ": ");
         if (!options.skip_invalid) {
           status = absl::InvalidArgumentError(absl::StrCat(
               where, batch->errors[error], " (use --skip-invalid to skip such lines)"));

@@ -17,8 +17,9 @@ int main(int argc, char** argv) {
   std::string lang = "english";
   int partitions = 1;
   bool keep_sequential_samples = false;
-  app.add_option("--input", options.inputs,
-                 "JSONL input(s): files (.jsonl, .jsonl.zst, .jsonl.gz), globs or directories")
+  app.add_option(
+         "--input", options.inputs,
+         "JSONL input(s): files (.jsonl, .jsonl.zst, .jsonl.gz), globs, directories, - for stdin")
       ->required();
   app.add_option("--json-keys", options.json_keys, "Keys to extract from each JSON line")
       ->capture_default_str();

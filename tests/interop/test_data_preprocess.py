@@ -126,6 +126,12 @@ def test_compressed_inputs_globs_and_directories_give_the_same_output(tmp_path):
         preprocess([str(d / "part1.jsonl.zst"), str(d / "part2.jsonl.gz")], str(tmp_path / "zst"),
                    "--append-eod")
         assert same_files(str(tmp_path / "zst"), str(tmp_path / "ref"))
+        # Standard input: a decompressor piped in front.
+        with subprocess.Popen(["zstdcat", str(d / "part1.jsonl.zst")], stdout=subprocess.PIPE) as z:
+            subprocess.run([str(BIN / "preprocess_data"), "--input", "-", str(d / "part2.jsonl.gz"),
+                            "--output-prefix", str(tmp_path / "stdin"), "--append-eod",
+                            *vocab_args()], stdin=z.stdout, check=True, capture_output=True)
+        assert same_files(str(tmp_path / "stdin"), str(tmp_path / "ref"))
         packed = (d / "part1.jsonl.zst").read_bytes()
         (d / "part1.jsonl.zst").write_bytes(packed[: len(packed) // 2])
         proc = preprocess(str(d / "part1.jsonl.zst"), str(tmp_path / "cut"), check=False)
