@@ -174,6 +174,10 @@ absl::Status IndexedDatasetBuilder::AddIndex(const std::string& prefix) {
         absl::StrCat(IdxPath(prefix), ": dtype ", DTypeName(in->dtype()),
                      " differs from the merged dataset's ", DTypeName(dtype_)));
   }
+  if (in->multimodal()) {
+    return absl::UnimplementedError(absl::StrCat(
+        IdxPath(prefix), ": multimodal datasets (per-sequence modes) cannot be merged here"));
+  }
   // Megatron copies the whole .bin and recomputes pointers from the lengths; that is only right
   // when the input's sequences are contiguous and fill its .bin, so check that instead of
   // silently writing a dataset whose pointers are wrong.
