@@ -52,6 +52,12 @@ absl::Status CheckSameModel(const ckpt::ModelConfig& saved, const ckpt::ModelCon
       saved.position_embedding_type != ckpt::PositionEmbedding::kLearnedAbsolute ||
       saved.untie_embeddings_and_output_weights || !saved.add_bias_linear)
     return absl::InvalidArgumentError("checkpoint is not a GPT-2-style model this trainer runs");
+  if (saved.activation != ours.activation) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint uses ", std::string(ckpt::ActivationName(saved.activation)),
+                     " but this run uses ", std::string(ckpt::ActivationName(ours.activation)),
+                     " (--openai-gelu selects gelu_tanh)"));
+  }
   if (saved.params_dtype != ckpt::DType::kF32)
     return absl::InvalidArgumentError("only float32 checkpoints can be loaded by the cpu trainer");
   return absl::OkStatus();

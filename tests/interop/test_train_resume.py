@@ -123,3 +123,22 @@ def test_corrupt_checkpoint_is_refused(dataset, tmp_path):
     shard.write_bytes(data[: len(data) // 2])
     proc = run_train(common(dataset) + ["--load", tmp_path / "ck"], nproc=2, ok=False)
     one_line_error(proc, "model.safetensors")
+
+
+def test_finetune_and_no_load_optim(dataset, tmp_path):
+    run_train(common(dataset) + ["--save", tmp_path / "ck", "--exit-interval", "4"])
+    # --no-load-optim: weights and position, fresh Adam state (so a different step 5).
+    keep = parse_log(run_train(common(dataset) + ["--load", tmp_path / "ck"]).stdout)[0]
+    fresh = parse_log(run_train(common(dataset) + ["--load", tmp_path / "ck",
+                                                   "--no-load-optim"]).stdout)[0]
+    assert sorted(fresh) == list(range(5, ITERS + 1))
+    assert fresh[5][1] == keep[5][1]  # same weights, same samples: same loss before the step
+    assert fresh[6][1] != keep[6][1]
+    # --finetune: weights only; iteration, samples and schedule start again.
+    tuned = parse_log(run_train(common(dataset) + ["--load", tmp_path / "ck", "--finetune"]).stdout)[0]
+    scratch = parse_log(run_train(common(dataset)).stdout)[0]
+    assert sorted(tuned) == list(range(1, ITERS + 1))
+    assert tuned[1][1] < scratch[1][1]
+    # A checkpoint of another activation is refused.
+    proc = run_train(common(dataset) + ["--load", tmp_path / "ck", "--openai-gelu"], ok=False)
+    one_line_error(proc, "gelu_tanh")
