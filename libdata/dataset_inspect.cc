@@ -107,15 +107,23 @@ absl::Status InspectSamples(const InspectDatasetOptions& options, const Gpt2Toke
   for (int j = 0; j < 3; ++j) {
     const GptSampleSource* source = splits->split[j].get();
     out << kNames[j] << " samples: " << (source ? absl::StrCat(source->size()) : "(empty split)");
-    if (const auto* gpt = dynamic_cast<const GptDataset*>(source)) {
-      out << " (epochs " << gpt->num_epochs() << ", separate final epoch "
-          << (gpt->separate_final_epoch() ? "yes" : "no") << ", index cache "
-          << (gpt->cache_path().empty()
+    const auto describe = [&out](const GptDataset& gpt) {
+      out << " (epochs " << gpt.num_epochs() << ", separate final epoch "
+          << (gpt.separate_final_epoch() ? "yes" : "no") << ", index cache "
+          << (gpt.cache_path().empty()
                   ? std::string("none")
-                  : absl::StrCat(gpt->cache_path(), gpt->loaded_from_cache() ? " (hit)" : ""))
+                  : absl::StrCat(gpt.cache_path(), gpt.loaded_from_cache() ? " (hit)" : ""))
           << ")";
-    }
+    };
+    if (const auto* gpt = dynamic_cast<const GptDataset*>(source)) describe(*gpt);
     out << "\n";
+    if (const auto* blend = dynamic_cast<const BlendedGptDataset*>(source)) {
+      for (size_t d = 0; d < blend->num_datasets(); ++d) {
+        out << "  blended dataset " << d << ": " << blend->dataset(d).size() << " samples";
+        describe(blend->dataset(d));
+        out << "\n";
+      }
+    }
   }
   const GptSampleSource* source = splits->split[static_cast<int>(options.split_kind)].get();
   if (source == nullptr) return absl::InvalidArgumentError("the requested split is empty");
