@@ -83,7 +83,8 @@ absl::Status SaveTrainingCheckpoint(const TrainArgs& args, const ckpt::ModelLayo
 
   st = absl::OkStatus();
   if (groups.coords.dp == 0) {
-    const std::vector<ckpt::RankTensor> p = Tensors(params, params.data());
+    const std::vector<float> host = params.HostData();
+    const std::vector<ckpt::RankTensor> p = Tensors(params, host.data());
     std::vector<ckpt::RankTensor> m, v;
     for (const ParamView& view : params.views()) {
       m.push_back({view.name, std::as_bytes(std::span<const float>(exp_avg.data() + view.offset,
@@ -133,7 +134,7 @@ absl::Status LoadTrainingCheckpoint(const TrainArgs& args, const ckpt::ModelLayo
   if (absl::Status s = AgreeOnFailure(*groups.world, st, "load"); !s.ok()) return s;
 
   const int tp_rank = groups.coords.tp;
-  std::vector<float> exp_avg(params.size()), exp_avg_sq(params.size());
+  std::vector<float> exp_avg(params.size()), exp_avg_sq(params.size()), param(params.size());
   ckpt::Tensor full;
   auto read_into = [&](const ParamView& v, ckpt::TensorKind kind, float* dst) -> absl::Status {
     if (absl::Status s = reader->ReadFull(*v.spec, kind, &full); !s.ok()) return s;
@@ -148,7 +149,8 @@ absl::Status LoadTrainingCheckpoint(const TrainArgs& args, const ckpt::ModelLayo
     // The fp32 main weights are the truth when present; the model copy equals them in fp32 runs.
     const ckpt::TensorKind kind =
         load_optim ? ckpt::TensorKind::kMainParam : ckpt::TensorKind::kParam;
-    st = read_into(v, kind, params.data() + v.offset);
+    st = read_into(v, kind, param.data() + v.offset);
+    if (st.ok()) params.SetFromHost(v, param.data() + v.offset);
     if (st.ok() && load_optim)
       st = read_into(v, ckpt::TensorKind::kExpAvg, exp_avg.data() + v.offset);
     if (st.ok() && load_optim)

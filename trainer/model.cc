@@ -90,14 +90,26 @@ GptModel::GptModel(Ops* ops, const ckpt::ModelLayout& layout, Communicator* tp, 
   dgelu_ = A(rows_full_ * ffn_local_);
   dlogits_ = last_stage_ ? A(rows_full_ * vocab_local_) : nullptr;
   dlosses_ = A(rows_full_);
-  positions_.resize(rows_local_);
+  std::vector<int32_t> positions(rows_local_);
   const int64_t row_offset = opt_.sequence_parallel ? tp_rank_ * rows_local_ : 0;
   for (int64_t r = 0; r < rows_local_; ++r)
-    positions_[r] = static_cast<int32_t>((row_offset + r) % opt_.seq_length);
+    positions[r] = static_cast<int32_t>((row_offset + r) % opt_.seq_length);
+  positions_ = AInt(rows_local_);
+  ops_->CopyFromHost(positions_, positions.data(), rows_local_ * sizeof(int32_t));
+  host_rows_.resize(rows_full_);
+  recv_input_ = A(rows_local_ * h_);
+  recv_grad_ = A(rows_local_ * h_);
 }
 
 GptModel::~GptModel() {
   for (float* p : allocations_) ops_->Free(p);
+  for (void* p : byte_allocations_) ops_->FreeBytes(p);
+}
+
+int32_t* GptModel::AInt(size_t n) {
+  void* p = ops_->AllocBytes(n * sizeof(int32_t));
+  byte_allocations_.push_back(p);
+  return static_cast<int32_t*>(p);
 }
 
 float* GptModel::A(size_t n) {
@@ -112,6 +124,8 @@ GptModel::Slot& GptModel::GetSlot(int index) {
   auto s = std::make_unique<Slot>();
   const bool sp = opt_.sequence_parallel;
   const int64_t nl = static_cast<int64_t>(layers_.size());
+  s->tokens = AInt(rows_full_);
+  s->labels = AInt(rows_full_);
   for (int64_t l = 0; l <= nl; ++l) s->hidden.push_back(A(rows_local_ * h_));
   for (int64_t l = 0; l < nl; ++l) {
     LayerActs a;
@@ -181,21 +195,21 @@ void GptModel::ReduceRows(float* full, float* shard) {
 
 void GptModel::EmbeddingForward(Slot& s) {
   const int64_t vocab_begin = tp_rank_ * vocab_local_;
-  ops_->EmbeddingForward(tmp_full_, s.mb.tokens.data(), word_emb_, rows_full_, h_, vocab_begin,
+  ops_->EmbeddingForward(tmp_full_, s.tokens, word_emb_, rows_full_, h_, vocab_begin,
                          vocab_begin + vocab_local_);
   ReduceRows(tmp_full_, s.hidden[0]);
   if (pos_emb_ != nullptr)
-    ops_->PositionForward(s.hidden[0], positions_.data(), pos_emb_, rows_local_, h_);
+    ops_->PositionForward(s.hidden[0], positions_, pos_emb_, rows_local_, h_);
   ops_->Dropout(s.hidden[0], rows_local_, h_, HiddenDrop(s.mb, -1, 0));
 }
 
 void GptModel::EmbeddingBackward(Slot& s) {
   ops_->Dropout(dhidden_, rows_local_, h_, HiddenDrop(s.mb, -1, 0));
   if (d_pos_emb_ != nullptr)
-    ops_->PositionBackward(d_pos_emb_, dhidden_, positions_.data(), rows_local_, h_);
+    ops_->PositionBackward(d_pos_emb_, dhidden_, positions_, rows_local_, h_);
   const float* d = GatherRows(dhidden_, dfull_);
   const int64_t vocab_begin = tp_rank_ * vocab_local_;
-  ops_->EmbeddingBackward(d_word_emb_, d, s.mb.tokens.data(), rows_full_, h_, vocab_begin,
+  ops_->EmbeddingBackward(d_word_emb_, d, s.tokens, rows_full_, h_, vocab_begin,
                           vocab_begin + vocab_local_);
 }
 
@@ -276,13 +290,14 @@ float GptModel::HeadForward(Slot& s) {
     max_hook = [this](float* d, int64_t n) { tp_->AllReduceMax(d, n); };
     sum_hook = [this](float* d, int64_t n) { tp_->AllReduceSum(d, n); };
   }
-  ops_->CrossEntropyForward(s.losses, s.ce_stats, s.logits, s.mb.labels.data(), rows_full_,
-                            vocab_local_, tp_rank_ * vocab_local_, max_hook, sum_hook);
+  ops_->CrossEntropyForward(s.losses, s.ce_stats, s.logits, s.labels, rows_full_, vocab_local_,
+                            tp_rank_ * vocab_local_, max_hook, sum_hook);
+  ops_->CopyToHost(host_rows_.data(), s.losses, rows_full_ * sizeof(float));
   double sum = 0.0;
   int64_t count = 0;
   for (int64_t r = 0; r < rows_full_; ++r) {
     if (s.mb.labels[r] < 0) continue;
-    sum += s.losses[r];
+    sum += host_rows_[r];
     ++count;
   }
   s.loss_tokens = count;
@@ -291,9 +306,10 @@ float GptModel::HeadForward(Slot& s) {
 
 void GptModel::HeadBackward(Slot& s, float loss_scale) {
   const float per_token = s.loss_tokens > 0 ? loss_scale / s.loss_tokens : 0.0f;
-  for (int64_t r = 0; r < rows_full_; ++r) dlosses_[r] = s.mb.labels[r] >= 0 ? per_token : 0.0f;
-  ops_->CrossEntropyBackward(dlogits_, dlosses_, s.ce_stats, s.logits, s.mb.labels.data(),
-                             rows_full_, vocab_local_, tp_rank_ * vocab_local_);
+  for (int64_t r = 0; r < rows_full_; ++r) host_rows_[r] = s.mb.labels[r] >= 0 ? per_token : 0.0f;
+  ops_->CopyFromHost(dlosses_, host_rows_.data(), rows_full_ * sizeof(float));
+  ops_->CrossEntropyBackward(dlogits_, dlosses_, s.ce_stats, s.logits, s.labels, rows_full_,
+                             vocab_local_, tp_rank_ * vocab_local_);
   ops_->LinearBackward(dfull_, d_out_w_, nullptr, dlogits_, s.lnf_full, out_w_, rows_full_, h_,
                        vocab_local_, false);
   ReduceGradRows(dfull_, dtmp_);
@@ -305,6 +321,8 @@ void GptModel::HeadBackward(Slot& s, float loss_scale) {
 float GptModel::Forward(int slot, const MicroBatch& mb, const float* input) {
   Slot& s = GetSlot(slot);
   s.mb = mb;
+  ops_->CopyFromHost(s.tokens, mb.tokens.data(), rows_full_ * sizeof(int32_t));
+  ops_->CopyFromHost(s.labels, mb.labels.data(), rows_full_ * sizeof(int32_t));
   if (first_stage_) {
     EmbeddingForward(s);
   } else {

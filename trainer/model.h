@@ -62,6 +62,10 @@ class GptModel {
   // accumulate into the ParamStore.
   void Backward(int slot, const float* doutput, float loss_scale);
   const float* InputGrad() const { return dhidden_; }  // after Backward, not on the first stage
+  // Backend buffers a schedule receives the previous stage's output and the next stage's input
+  // gradient into.
+  float* input_buffer() { return recv_input_; }
+  float* grad_buffer() { return recv_grad_; }
 
  private:
   struct LayerWeights {
@@ -76,7 +80,8 @@ class GptModel {
     float *ln2, *ln2_mean, *ln2_rstd, *ln2_full, *fc1, *gelu;
   };
   struct Slot {
-    MicroBatch mb;
+    MicroBatch mb;               // host copy (loss counting)
+    int32_t *tokens, *labels;    // backend copies
     std::vector<float*> hidden;  // [layers + 1] residual stream, [rows_local, h]
     std::vector<LayerActs> layers;
     float *lnf, *lnf_mean, *lnf_rstd, *lnf_full, *logits, *ce_stats, *losses;
@@ -85,6 +90,7 @@ class GptModel {
 
   Slot& GetSlot(int slot);
   float* A(size_t n);  // slot allocation, freed with the model
+  int32_t* AInt(size_t n);
   HiddenDropout HiddenDrop(const MicroBatch& mb, int layer, int site) const;
   AttentionDropout AttnDrop(const MicroBatch& mb, int layer) const;
   // Column-parallel input: under SP all-gather the row shard, else the same buffer.
@@ -122,7 +128,10 @@ class GptModel {
   // Scratch shared by all slots (one backward at a time).
   float *dhidden_, *dtmp_, *dfull_, *dfull2_, *dqkv_, *dattn_, *dfc1_, *dgelu_, *dlogits_,
       *dlosses_, *tmp_full_;
-  std::vector<int32_t> positions_;
+  int32_t* positions_ = nullptr;  // backend memory
+  std::vector<void*> byte_allocations_;
+  std::vector<float> host_rows_;  // per-row losses / loss gradients on the host
+  float *recv_input_, *recv_grad_;
 };
 
 }  // namespace leantron::trainer

@@ -42,9 +42,14 @@ class Ops {
   virtual ~Ops() = default;
   virtual std::string name() const = 0;
 
-  // Memory (zero-filled on allocation) and element-wise basics.
+  // Backend memory (zero-filled on allocation) and transfers between it and host memory; only
+  // these touch both sides, so a device backend changes nothing else.
   virtual float* Alloc(size_t n) = 0;
   virtual void Free(float* p) = 0;
+  virtual void* AllocBytes(size_t bytes) = 0;
+  virtual void FreeBytes(void* p) = 0;
+  virtual void CopyFromHost(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void CopyToHost(void* host_dst, const void* src, size_t bytes) = 0;
   virtual void Zero(float* p, size_t n) = 0;
   virtual void Copy(float* dst, const float* src, size_t n) = 0;
   virtual void Scale(float* p, size_t n, float s) = 0;

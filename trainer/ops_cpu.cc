@@ -41,6 +41,14 @@ class CpuOps final : public Ops {
     return static_cast<float*>(std::calloc(n == 0 ? 1 : n, sizeof(float)));
   }
   void Free(float* p) override { std::free(p); }
+  void* AllocBytes(size_t bytes) override { return std::calloc(bytes == 0 ? 1 : bytes, 1); }
+  void FreeBytes(void* p) override { std::free(p); }
+  void CopyFromHost(void* dst, const void* host_src, size_t bytes) override {
+    std::memcpy(dst, host_src, bytes);
+  }
+  void CopyToHost(void* host_dst, const void* src, size_t bytes) override {
+    std::memcpy(host_dst, src, bytes);
+  }
   void Zero(float* p, size_t n) override { std::memset(p, 0, n * sizeof(float)); }
   void Copy(float* dst, const float* src, size_t n) override {
     std::memcpy(dst, src, n * sizeof(float));

@@ -110,22 +110,28 @@ void Optimizer::GatherState(std::vector<float>* exp_avg, std::vector<float>* exp
   const size_t n = params_->size();
   exp_avg->assign(n, 0.0f);
   exp_avg_sq->assign(n, 0.0f);
-  std::memcpy(exp_avg->data() + begin_, exp_avg_, (end_ - begin_) * sizeof(float));
-  std::memcpy(exp_avg_sq->data() + begin_, exp_avg_sq_, (end_ - begin_) * sizeof(float));
-  if (opt_.distributed && groups_->dp->size() > 1) {
+  if (!(opt_.distributed && groups_->dp->size() > 1)) {
+    ops_->CopyToHost(exp_avg->data(), exp_avg_, n * sizeof(float));
+    ops_->CopyToHost(exp_avg_sq->data(), exp_avg_sq_, n * sizeof(float));
+    return;
+  }
+  // Every DP rank broadcasts its slice into whole-shard backend buffers, then one copy out.
+  for (auto [slice, host] : {std::pair{exp_avg_, exp_avg}, std::pair{exp_avg_sq_, exp_avg_sq}}) {
+    float* whole = ops_->Alloc(n);
+    ops_->Copy(whole + begin_, slice, end_ - begin_);
     for (int r = 0; r < groups_->dp->size(); ++r) {
       const size_t b = std::min(n, slice_ * r), e = std::min(n, b + slice_);
-      if (b >= e) continue;
-      groups_->dp->Broadcast(exp_avg->data() + b, e - b, r);
-      groups_->dp->Broadcast(exp_avg_sq->data() + b, e - b, r);
+      if (b < e) groups_->dp->Broadcast(whole + b, e - b, r);
     }
+    ops_->CopyToHost(host->data(), whole, n * sizeof(float));
+    ops_->Free(whole);
   }
 }
 
 void Optimizer::ScatterState(const std::vector<float>& exp_avg,
                              const std::vector<float>& exp_avg_sq) {
-  std::memcpy(exp_avg_, exp_avg.data() + begin_, (end_ - begin_) * sizeof(float));
-  std::memcpy(exp_avg_sq_, exp_avg_sq.data() + begin_, (end_ - begin_) * sizeof(float));
+  ops_->CopyFromHost(exp_avg_, exp_avg.data() + begin_, (end_ - begin_) * sizeof(float));
+  ops_->CopyFromHost(exp_avg_sq_, exp_avg_sq.data() + begin_, (end_ - begin_) * sizeof(float));
 }
 
 }  // namespace leantron::trainer

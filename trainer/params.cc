@@ -61,6 +61,16 @@ float* ParamStore::Param(const std::string& name) {
   return v ? data_ + v->offset : nullptr;
 }
 
+std::vector<float> ParamStore::HostData() const {
+  std::vector<float> host(size_);
+  ops_->CopyToHost(host.data(), data_, size_ * sizeof(float));
+  return host;
+}
+
+void ParamStore::SetFromHost(const ParamView& view, const float* host) {
+  ops_->CopyFromHost(data_ + view.offset, host, view.numel * sizeof(float));
+}
+
 float* ParamStore::Grad(const std::string& name) {
   const ParamView* v = Find(name);
   return v ? grad_ + v->offset : nullptr;
@@ -87,7 +97,7 @@ void ParamStore::Initialize(uint64_t seed, double init_std) {
     shard.assign(v.numel, 0.0f);
     layout_.ExtractShard(spec, tp_rank_, sizeof(float), std::as_bytes(std::span<const float>(full)),
                          std::as_writable_bytes(std::span<float>(shard)));
-    ops_->Copy(data_ + v.offset, shard.data(), v.numel);
+    ops_->CopyFromHost(data_ + v.offset, shard.data(), v.numel * sizeof(float));
   }
 }
 

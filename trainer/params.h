@@ -48,6 +48,10 @@ class ParamStore {
   const std::vector<ParamView>& views() const { return views_; }
   const ParamView* Find(const std::string& name) const;
   float* Param(const std::string& name);  // nullptr when this rank does not hold it
+  // Host copies for checkpoints.
+  std::vector<float> HostData() const;
+  void SetFromHost(const ParamView& view, const float* host);
+  Ops* ops() const { return ops_; }
   float* Grad(const std::string& name);
 
  private:

@@ -26,7 +26,8 @@ double RunSchedule(const std::vector<GptModel*>& chunks, Communicator& pp,
   const int next = static_cast<int>((rank + 1) % stages);
   const int prev = static_cast<int>((rank + stages - 1) % stages);
   const size_t n = static_cast<size_t>(chunks[0]->hidden_rows() * chunks[0]->hidden_size());
-  std::vector<float> input(n), grad(n);
+  float* input = chunks[0]->input_buffer();
+  float* grad = chunks[0]->grad_buffer();
   const int64_t total = m * vpp, group = stages * vpp;
   int64_t warmup;
   if (forward_only) {
@@ -49,8 +50,8 @@ double RunSchedule(const std::vector<GptModel*>& chunks, Communicator& pp,
   auto forward = [&](int64_t k) {
     GptModel& model = *chunks[chunk_of(k, true)];
     const int64_t mb = micro_of(k);
-    if (!model.first_stage()) pp.Recv(input.data(), n, prev, kActivationTag);
-    loss_sum += model.Forward(static_cast<int>(mb % slots), mbs[mb], input.data());
+    if (!model.first_stage()) pp.Recv(input, n, prev, kActivationTag);
+    loss_sum += model.Forward(static_cast<int>(mb % slots), mbs[mb], input);
     if (!model.last_stage()) {
       pp.SendAsync(model.Output(static_cast<int>(mb % slots)), n, next, kActivationTag);
     }
@@ -58,8 +59,8 @@ double RunSchedule(const std::vector<GptModel*>& chunks, Communicator& pp,
   auto backward = [&](int64_t k) {
     GptModel& model = *chunks[chunk_of(k, false)];
     const int64_t mb = micro_of(k);
-    if (!model.last_stage()) pp.Recv(grad.data(), n, next, kGradientTag);
-    model.Backward(static_cast<int>(mb % slots), grad.data(), loss_scale);
+    if (!model.last_stage()) pp.Recv(grad, n, next, kGradientTag);
+    model.Backward(static_cast<int>(mb % slots), grad, loss_scale);
     if (!model.first_stage()) pp.SendAsync(model.InputGrad(), n, prev, kGradientTag);
   };
   for (int64_t k = 0; k < warmup; ++k) forward(k);
