@@ -47,6 +47,10 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
                "Shard optimizer state over data-parallel ranks (ZeRO-1)");
   app.add_option("--nproc-per-node", a->nproc_per_node,
                  "Start this many local ranks (one process each) and wait for them");
+  app.add_flag("--overlap-grad-reduce", a->overlap_grad_reduce,
+               "Accepted; the cpu backend reduces gradients after the backward");
+  app.add_flag("--overlap-param-gather", a->overlap_param_gather,
+               "Accepted; the cpu backend gathers parameters after the step");
   app.add_option("--ddp-bucket-size", a->ddp_bucket_size, "Gradient all-reduce bucket (elements)");
   // Training.
   app.add_option("--micro-batch-size", a->micro_batch_size, "Micro-batch size");

@@ -31,6 +31,7 @@ struct TrainArgs {
   int64_t num_layers_per_virtual_pipeline_stage = 0;  // 0: no interleaving
   bool sequence_parallel = false, use_distributed_optimizer = false;
   int nproc_per_node = 0;
+  bool overlap_grad_reduce = false, overlap_param_gather = false;
   // Training.
   int64_t micro_batch_size = 1, global_batch_size = 0, train_iters = 0;
   double lr = 0.0, min_lr = 0.0, lr_warmup_init = 0.0;

@@ -250,6 +250,11 @@ absl::Status Trainer::Run() {
     tensorboard_ = std::move(*tb);
   }
   const int64_t start_iteration = pos.iteration;
+  if (g_.world_rank == 0 && (args_.overlap_grad_reduce || args_.overlap_param_gather)) {
+    Print(
+        " note: --overlap-grad-reduce/--overlap-param-gather have no effect on the cpu backend "
+        "(same numbers, no overlap)\n");
+  }
   LrSchedule sched;
   sched.max_lr = args_.lr;
   sched.min_lr = args_.min_lr;

@@ -147,3 +147,18 @@ def test_trained_checkpoint_exports_to_huggingface(tmp_path):
         lse = mx[:, 0] + np.log(np.exp(logits - mx).sum(-1))
         losses.append(np.mean(lse - logits[np.arange(seq), text[1:]]))
     assert valid[6] == pytest.approx(np.mean(losses), rel=5e-6)
+
+
+def test_log_line_is_megatrons():
+    import re
+    proc = run_train(TINY + ["--mock-data", "--micro-batch-size", "2", "--global-batch-size", "4",
+                             "--train-iters", "2", "--lr", "1e-3", "--log-interval", "1",
+                             "--eval-iters", "0"])
+    line = re.compile(
+        r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] iteration {8}\d/ {7}2 \| consumed samples: +\d+ \| "
+        r"elapsed time per iteration \(ms\): \d+\.\d \| learning rate: \d\.\d{6}E[+-]\d\d \| "
+        r"global batch size: {5}4 \| lm loss: \d\.\d{6}E[+-]\d\d \| loss scale: 1\.0 \| "
+        r"grad norm: \d+\.\d{3} \| number of skipped iterations: {3}0 \| "
+        r"number of nan iterations: {3}0 \|$")
+    lines = [x for x in proc.stdout.splitlines() if " iteration " in x]
+    assert len(lines) == 2 and all(line.match(x) for x in lines), lines

@@ -32,7 +32,8 @@ def files(ck, iteration):
     return {p.relative_to(d): p.read_bytes() for p in d.rglob("*.safetensors")}
 
 
-@pytest.mark.parametrize("nproc,extra", [(None, []), (2, ["--tensor-model-parallel-size", "2"])])
+@pytest.mark.parametrize("nproc,extra", [(None, []), (2, ["--tensor-model-parallel-size", "2"]),
+                                         (2, ["--use-distributed-optimizer"])])
 def test_resume_is_bitwise_for_the_same_layout(dataset, tmp_path, nproc, extra):
     straight = run_train(common(dataset) + extra + ["--save", tmp_path / "a"], nproc=nproc)
     half = run_train(common(dataset) + extra + ["--save", tmp_path / "b", "--exit-interval",
@@ -142,3 +143,13 @@ def test_finetune_and_no_load_optim(dataset, tmp_path):
     # A checkpoint of another activation is refused.
     proc = run_train(common(dataset) + ["--load", tmp_path / "ck", "--openai-gelu"], ok=False)
     one_line_error(proc, "gelu_tanh")
+
+
+def test_blended_data_path(dataset, tmp_path):
+    """--data-path W1 P1 W2 P2: libdata's blending; the run trains and its loss falls."""
+    args = common(dataset)
+    i = args.index("--data-path")
+    args[i + 1:i + 2] = ["0.3", dataset, "0.7", licence_dataset(tmp_path / "second")]
+    train, valid = parse_log(run_train(args).stdout)
+    assert sorted(train) == list(range(1, ITERS + 1)) and sorted(valid) == [4, 8, 12]
+    assert train[ITERS][1] < train[1][1]
