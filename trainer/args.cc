@@ -47,6 +47,12 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
                "Shard optimizer state over data-parallel ranks (ZeRO-1)");
   app.add_option("--nproc-per-node", a->nproc_per_node,
                  "Start this many local ranks (one process each) and wait for them");
+  app.add_option("--recompute-granularity", a->recompute_granularity,
+                 "full (whole layers) or selective (the attention softmax)");
+  app.add_option("--recompute-method", a->recompute_method,
+                 "uniform (every layer) or block (the first --recompute-num-layers per stage)");
+  app.add_option("--recompute-num-layers", a->recompute_num_layers,
+                 "Layers per recomputed block (uniform) or recomputed per stage (block)");
   app.add_flag("--overlap-grad-reduce", a->overlap_grad_reduce,
                "Accepted; the cpu backend reduces gradients after the backward");
   app.add_flag("--overlap-param-gather", a->overlap_param_gather,
@@ -111,7 +117,6 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
   app.add_option("--position-embedding-type", u.position_embedding_type,
                  "learned_absolute (rope not implemented)");
   app.add_option("--context-parallel-size", u.context_parallel_size, "1 (CP not implemented)");
-  app.add_option("--recompute-granularity", u.recompute_granularity, "(not implemented)");
 }
 
 absl::Status ValidateTrainArgs(TrainArgs* a) {
@@ -128,8 +133,6 @@ absl::Status ValidateTrainArgs(TrainArgs* a) {
   if (u.position_embedding_type != "learned_absolute")
     return bad("--position-embedding-type ", u.position_embedding_type, " is not implemented yet");
   if (u.context_parallel_size != 1) return bad("context parallelism is not implemented yet");
-  if (!u.recompute_granularity.empty())
-    return bad("activation recomputation is not implemented yet");
 
   if (a->num_layers <= 0 || a->hidden_size <= 0 || a->num_attention_heads <= 0)
     return bad("--num-layers, --hidden-size and --num-attention-heads must be given and positive");
@@ -181,6 +184,17 @@ absl::Status ValidateTrainArgs(TrainArgs* a) {
     if (a->num_micro_batches() % pp != 0)
       return bad("the interleaved schedule needs the ", a->num_micro_batches(),
                  " micro-batches per step to be divisible by PP ", pp);
+  }
+  if (!a->recompute_granularity.empty()) {
+    if (a->recompute_granularity != "full" && a->recompute_granularity != "selective")
+      return bad("--recompute-granularity must be full or selective, not ",
+                 a->recompute_granularity);
+    if (a->recompute_granularity == "full") {
+      if (a->recompute_method != "uniform" && a->recompute_method != "block")
+        return bad("--recompute-granularity full needs --recompute-method uniform or block");
+      if (a->recompute_num_layers <= 0)
+        return bad("--recompute-granularity full needs --recompute-num-layers > 0");
+    }
   }
   if (tp == 1) a->sequence_parallel = false;  // as Megatron does
   if (a->sequence_parallel && a->seq_length % tp != 0)

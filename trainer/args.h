@@ -31,6 +31,8 @@ struct TrainArgs {
   int64_t num_layers_per_virtual_pipeline_stage = 0;  // 0: no interleaving
   bool sequence_parallel = false, use_distributed_optimizer = false;
   int nproc_per_node = 0;
+  std::string recompute_granularity, recompute_method;  // empty: none
+  int64_t recompute_num_layers = 0;
   bool overlap_grad_reduce = false, overlap_param_gather = false;
   // Training.
   int64_t micro_batch_size = 1, global_batch_size = 0, train_iters = 0;
@@ -64,7 +66,6 @@ struct TrainArgs {
     std::string normalization = "LayerNorm", position_embedding_type = "learned_absolute";
     int context_parallel_size = 1;
     int64_t num_query_groups = 0;
-    std::string recompute_granularity;
   } unsupported;
 
   int world_size = 1;  // from the launcher; DP = world / (TP·PP)

@@ -128,22 +128,12 @@ GptModel::Slot& GptModel::GetSlot(int index) {
   s->labels = AInt(rows_full_);
   for (int64_t l = 0; l <= nl; ++l) s->hidden.push_back(A(rows_local_ * h_));
   for (int64_t l = 0; l < nl; ++l) {
-    LayerActs a;
-    a.ln1 = A(rows_local_ * h_);
-    a.ln1_mean = A(rows_local_);
-    a.ln1_rstd = A(rows_local_);
-    a.ln1_full = sp ? A(rows_full_ * h_) : a.ln1;
-    a.qkv = A(rows_full_ * 3 * heads_local_ * head_dim_);
-    a.probs = A(opt_.micro_batch * heads_local_ * opt_.seq_length * opt_.seq_length);
-    a.attn = A(rows_full_ * heads_local_ * head_dim_);
-    a.mid = A(rows_local_ * h_);
-    a.ln2 = A(rows_local_ * h_);
-    a.ln2_mean = A(rows_local_);
-    a.ln2_rstd = A(rows_local_);
-    a.ln2_full = sp ? A(rows_full_ * h_) : a.ln2;
-    a.fc1 = A(rows_full_ * ffn_local_);
-    a.gelu = A(rows_full_ * ffn_local_);
-    s->layers.push_back(a);
+    if (l < opt_.recompute_layers) {
+      if (!recomputed_acts_) recomputed_acts_ = std::make_unique<LayerActs>(MakeLayerActs());
+      s->layers.push_back(*recomputed_acts_);
+      continue;
+    }
+    s->layers.push_back(MakeLayerActs());
   }
   if (last_stage_) {
     s->lnf = A(rows_local_ * h_);
@@ -156,6 +146,32 @@ GptModel::Slot& GptModel::GetSlot(int index) {
   }
   slots_[index] = std::move(s);
   return *slots_[index];
+}
+
+GptModel::LayerActs GptModel::MakeLayerActs() {
+  const bool sp = opt_.sequence_parallel;
+  LayerActs a;
+  a.ln1 = A(rows_local_ * h_);
+  a.ln1_mean = A(rows_local_);
+  a.ln1_rstd = A(rows_local_);
+  a.ln1_full = sp ? A(rows_full_ * h_) : a.ln1;
+  a.qkv = A(rows_full_ * 3 * heads_local_ * head_dim_);
+  const size_t probs = opt_.micro_batch * heads_local_ * opt_.seq_length * opt_.seq_length;
+  if (opt_.recompute_attention) {
+    if (shared_probs_ == nullptr) shared_probs_ = A(probs);
+    a.probs = shared_probs_;
+  } else {
+    a.probs = A(probs);
+  }
+  a.attn = A(rows_full_ * heads_local_ * head_dim_);
+  a.mid = A(rows_local_ * h_);
+  a.ln2 = A(rows_local_ * h_);
+  a.ln2_mean = A(rows_local_);
+  a.ln2_rstd = A(rows_local_);
+  a.ln2_full = sp ? A(rows_full_ * h_) : a.ln2;
+  a.fc1 = A(rows_full_ * ffn_local_);
+  a.gelu = A(rows_full_ * ffn_local_);
+  return a;
 }
 
 HiddenDropout GptModel::HiddenDrop(const MicroBatch& mb, int layer, int site) const {
@@ -247,6 +263,14 @@ void GptModel::LayerForward(Slot& s, int l) {
 void GptModel::LayerBackward(Slot& s, int l) {
   const LayerWeights& w = layers_[l];
   LayerActs& a = s.layers[l];
+  if (l < opt_.recompute_layers) {
+    LayerForward(s, l);  // rewrites the shared activations and, identically, hidden[l + 1]
+  } else if (opt_.recompute_attention) {
+    // The softmax matrix is shared across layers: rebuild this layer's (its output, already
+    // kept in a.attn, lands in scratch).
+    ops_->AttentionForward(dattn_, a.probs, a.qkv, opt_.micro_batch, opt_.seq_length, heads_local_,
+                           head_dim_, AttnDrop(s.mb, w.global_index));
+  }
   const float* x = s.hidden[l];
   const int64_t n_local = rows_local_ * h_;
   const int64_t attn_width = heads_local_ * head_dim_;

@@ -26,6 +26,12 @@ struct ModelOptions {
   float attention_dropout = 0.1f;
   bool sequence_parallel = false;
   uint64_t seed = 1234;
+  // Activation recomputation: the first `recompute_layers` layers of this chunk keep only their
+  // input and run their forward again in the backward (Megatron's full granularity); with
+  // `recompute_attention` the other layers drop the softmax matrix and recompute it (selective).
+  // Dropout masks are functions of the sample, so recomputed activations are bitwise the same.
+  int recompute_layers = 0;
+  bool recompute_attention = false;
 };
 
 struct MicroBatch {
@@ -89,6 +95,7 @@ class GptModel {
   };
 
   Slot& GetSlot(int slot);
+  LayerActs MakeLayerActs();
   float* A(size_t n);  // slot allocation, freed with the model
   int32_t* AInt(size_t n);
   HiddenDropout HiddenDrop(const MicroBatch& mb, int layer, int site) const;
@@ -124,6 +131,10 @@ class GptModel {
   float *d_word_emb_ = nullptr, *d_pos_emb_ = nullptr, *d_lnf_w_ = nullptr, *d_lnf_b_ = nullptr,
         *d_out_w_ = nullptr;
   std::vector<std::unique_ptr<Slot>> slots_;
+  // Shared by every slot: the activations of recomputed layers, and the softmax matrix under
+  // selective recomputation (nullptr until first needed).
+  std::unique_ptr<LayerActs> recomputed_acts_;
+  float* shared_probs_ = nullptr;
   std::vector<float*> allocations_;
   // Scratch shared by all slots (one backward at a time).
   float *dhidden_, *dtmp_, *dfull_, *dfull2_, *dqkv_, *dattn_, *dfc1_, *dgelu_, *dlogits_,

@@ -187,6 +187,14 @@ absl::Status Trainer::Run() {
   mo.attention_dropout = static_cast<float>(args_.attention_dropout);
   mo.sequence_parallel = args_.sequence_parallel;
   mo.seed = args_.seed;
+  // Layers keep only their input when recomputed: uniform recomputes every layer (each layer
+  // input is a checkpoint, whatever the block size), block the first N of each model chunk.
+  if (args_.recompute_granularity == "full") {
+    mo.recompute_layers = args_.recompute_method == "uniform"
+                              ? static_cast<int>(args_.num_layers)
+                              : static_cast<int>(args_.recompute_num_layers);
+  }
+  mo.recompute_attention = args_.recompute_granularity == "selective";
   for (int v = 0; v < args_.virtual_pipeline_size(); ++v) {
     models_.push_back(std::make_unique<GptModel>(ops_.get(), *layout_, g_.tp.get(), params_.get(),
                                                  g_.coords.pp, v, mo));

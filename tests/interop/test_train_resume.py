@@ -153,3 +153,20 @@ def test_blended_data_path(dataset, tmp_path):
     train, valid = parse_log(run_train(args).stdout)
     assert sorted(train) == list(range(1, ITERS + 1)) and sorted(valid) == [4, 8, 12]
     assert train[ITERS][1] < train[1][1]
+
+
+@pytest.mark.parametrize("nproc,extra", [
+    (None, ["--recompute-granularity", "selective"]),
+    (None, ["--recompute-granularity", "full", "--recompute-method", "uniform",
+            "--recompute-num-layers", "1"]),
+    (None, ["--recompute-granularity", "full", "--recompute-method", "block",
+            "--recompute-num-layers", "2"]),
+    (2, ["--recompute-granularity", "full", "--recompute-method", "uniform",
+         "--recompute-num-layers", "1", "--tensor-model-parallel-size", "2", "--sequence-parallel"]),
+])
+def test_activation_recomputation_changes_no_number(dataset, nproc, extra):
+    """Recomputed activations (dropout included) are bitwise the stored ones."""
+    base = [] if nproc is None else ["--tensor-model-parallel-size", "2", "--sequence-parallel"]
+    want = parse_log(run_train(common(dataset) + base, nproc=nproc).stdout)
+    got = parse_log(run_train(common(dataset) + extra, nproc=nproc).stdout)
+    assert got == want
