@@ -1,4 +1,5 @@
-"""Leantron's GPT samples against Megatron-Core's own dataset code, run without torch.
+"""Leantron's GPT samples and indexed files against Megatron-Core's own dataset code, run
+without torch.
 
 Opt-in: set MEGATRON_LM_DIR to a checkout of NVIDIA/Megatron-LM (pybind11 and a C++ compiler
 needed). The test copies megatron/core/datasets from that checkout into a temporary overlay at run
@@ -6,7 +7,8 @@ time (nothing of Megatron's is committed here), compiles its helpers.cpp, stands
 modules for torch and for the few megatron.core modules the datasets import (logging, npy loading,
 the tokenizer base class), then builds GPTDataset / BlendedDataset splits with
 BlendedMegatronDatasetBuilder and compares every sample, and the index arrays, with `inspect
-dataset --export-dir`. Without MEGATRON_LM_DIR it is skipped (CI has no Megatron checkout).
+dataset --export-dir`; and writes and merges indexed datasets of every dtype with its
+IndexedDatasetBuilder, against the numpy builder and merge_datasets. Without MEGATRON_LM_DIR it is skipped (CI has no Megatron checkout).
 """
 import os
 import pathlib
@@ -149,3 +151,51 @@ def test_samples_equal_megatron_core(tmp_path, megatron, docs, seq, seed, sizes,
             np.testing.assert_array_equal(np.load(out / "document_index.npy"), ds.document_index)
             np.testing.assert_array_equal(np.load(out / "sample_index.npy"), ds.sample_index)
             np.testing.assert_array_equal(np.load(out / "shuffle_index.npy"), ds.shuffle_index)
+
+
+@pytest.mark.parametrize("code", range(1, 9))
+def test_indexed_files_equal_megatron_core_builder(tmp_path, megatron, code):
+    """Megatron's IndexedDatasetBuilder writes what the numpy builder writes; merge_datasets writes
+    what its add_index writes; its IndexedDataset reads Leantron's merged files."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+
+    from megatron_data_ref import DTYPES
+
+    class AsTensor:  # add_item calls tensor.numpy()
+        def __init__(self, a):
+            self.a = a
+
+        def numpy(self):
+            return self.a
+
+    dtype = DTYPES[code]
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    rng = np.random.default_rng(code)
+    for name in ["b", "a"]:
+        theirs = IndexedDatasetBuilder(str(parts / f"{name}.bin"), dtype=dtype)
+        ours = NumpyIndexedDatasetBuilder(str(tmp_path / f"numpy_{name}"), dtype)
+        for d in range(25):
+            n = int(rng.integers(0, 20))
+            t = rng.integers(0, 100, size=n).astype(dtype)
+            if d % 3 == 0:  # sentence level
+                for b in (theirs, ours):
+                    b.add_item(AsTensor(t) if b is theirs else t)
+                    b.add_item(AsTensor(t[:2]) if b is theirs else t[:2])
+                    b.end_document()
+            else:
+                theirs.add_document(t, [n] if n else [])
+                ours.add_document(t, [n] if n else [])
+        theirs.finalize(str(parts / f"{name}.idx"))
+        ours.finalize()
+        for ext in [".bin", ".idx"]:
+            assert (parts / f"{name}{ext}").read_bytes() == (tmp_path / f"numpy_{name}{ext}").read_bytes()
+    run_tool("merge_datasets", ["--input", str(parts), "--output-prefix", str(tmp_path / "merged")])
+    ref = IndexedDatasetBuilder(str(tmp_path / "ref.bin"), dtype=dtype)
+    for name in ["a", "b"]:
+        ref.add_index(str(parts / name))
+    ref.finalize(str(tmp_path / "ref.idx"))
+    for ext in [".bin", ".idx"]:
+        assert (tmp_path / f"merged{ext}").read_bytes() == (tmp_path / f"ref{ext}").read_bytes()
+    merged = IndexedDataset(str(tmp_path / "merged"))
+    assert len(merged) == len(ref.sequence_lengths)
