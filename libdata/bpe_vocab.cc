@@ -3,6 +3,7 @@
 #include <simdjson.h>
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <filesystem>
 
@@ -96,10 +97,14 @@ std::string EncodeTokenString(std::string_view bytes) {
 }  // namespace
 
 uint32_t ByteToUnicode(uint8_t b) {
-  if (IsPrintableByte(b)) return b;
-  int n = 0;
-  for (int x = 0; x < b; ++x) n += IsPrintableByte(x) ? 0 : 1;
-  return 0x100 + n;
+  // Printable bytes stand for themselves; the others, in order, for U+0100, U+0101, ...
+  static const std::array<uint32_t, 256> table = [] {
+    std::array<uint32_t, 256> t{};
+    uint32_t next = 0x100;
+    for (int x = 0; x < 256; ++x) t[x] = IsPrintableByte(x) ? x : next++;
+    return t;
+  }();
+  return table[b];
 }
 
 absl::StatusOr<BpeVocab> BpeVocab::FromTokens(std::vector<std::string> tokens) {
