@@ -56,11 +56,11 @@ class Gpt2Tokenizer {
 // Per-thread encoding workspace.
 class Gpt2Encoder {
  public:
-  // The piece cache remembers the merges of pieces that are not one token. It pays off for text
-  // with spaces (a rare word recurs) and not for long unsegmented runs (CJK), which rarely recur.
+  // The piece cache remembers the merges of pieces that are not one token (words, rules like
+  // "|-----|" in text tables). Memory: about max_cache_entries * (max_cached_piece + ids).
   struct Options {
-    size_t max_cached_piece = 32;        // bytes; longer pieces are merged every time
-    size_t max_cache_entries = 1 << 18;  // the cache is cleared when it reaches this
+    size_t max_cached_piece = 128;       // bytes; longer pieces are merged every time
+    size_t max_cache_entries = 1 << 17;  // the cache is cleared when it reaches this
   };
   explicit Gpt2Encoder(const Gpt2Tokenizer& tokenizer) : Gpt2Encoder(tokenizer, Options()) {}
   Gpt2Encoder(const Gpt2Tokenizer& tokenizer, Options options);
