@@ -1,34 +1,49 @@
 #!/usr/bin/env python3
 """The Python peer for bench/preprocess_bench.py: what Megatron's tools/preprocess_data.py does
-for GPT-2, with the fastest tokenizer Python offers. Worker processes (multiprocessing.Pool,
-imap with chunksize 32, as Megatron) run json.loads + tiktoken's gpt2 encode_ordinary; the main
-process writes Megatron's .bin/.idx with numpy, keeping lengths and document boundaries in lists
-until the end, as Megatron's IndexedDatasetBuilder does.
+for GPT-2. Worker processes (multiprocessing.Pool, imap with chunksize 32, as Megatron) run
+json.loads and a GPT-2 tokenizer; the main process writes Megatron's .bin/.idx with numpy,
+keeping lengths and document boundaries in lists until the end, as Megatron's
+IndexedDatasetBuilder does. The tokenizer is either
+  hf        HuggingFace's `tokenizers` byte-level BPE (what GPT2TokenizerFast runs, the HF-based
+            path of current Megatron; `pip install tokenizers`), or
+  tiktoken  tiktoken's gpt2 encode_ordinary: the fastest GPT-2 tokenizer Python has.
+Both give the same ids; the benchmark checks the output files byte for byte.
 
-  python3 bench/megatron_peer_preprocess.py --input C.jsonl --output-prefix P --vocab-dir D --workers 2
+  python3 bench/megatron_peer_preprocess.py --input C.jsonl --output-prefix P --vocab-dir D \
+      --workers 2 --tokenizer hf
 """
 import argparse
 import json
 import multiprocessing
+import os
 import struct
 import sys
 import time
 
 import numpy as np
-import tiktoken
-import tiktoken_ext.openai_public as openai_public
-from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
-_ENC = None
+_ENCODE = None
 
 
-def init(vocab_dir):
-    global _ENC
-    ranks = data_gym_to_mergeable_bpe_ranks(vocab_bpe_file=f"{vocab_dir}/vocab.bpe",
-                                            encoder_json_file=f"{vocab_dir}/encoder.json")
-    _ENC = tiktoken.Encoding(name="gpt2", pat_str=openai_public.r50k_pat_str,
-                             mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 50256},
-                             explicit_n_vocab=50257)
+def init(vocab_dir, tokenizer):
+    global _ENCODE
+    if tokenizer == "hf":
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+        tok = Tokenizer(models.BPE.from_file(f"{vocab_dir}/encoder.json", f"{vocab_dir}/vocab.bpe"))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        _ENCODE = lambda text: tok.encode(text).ids  # noqa: E731
+    else:
+        import tiktoken
+        import tiktoken_ext.openai_public as openai_public
+        from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+        ranks = data_gym_to_mergeable_bpe_ranks(vocab_bpe_file=f"{vocab_dir}/vocab.bpe",
+                                                encoder_json_file=f"{vocab_dir}/encoder.json")
+        enc = tiktoken.Encoding(name="gpt2", pat_str=openai_public.r50k_pat_str,
+                                mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 50256},
+                                explicit_n_vocab=50257)
+        _ENCODE = enc.encode_ordinary
 
 
 def encode(line):
@@ -36,7 +51,7 @@ def encode(line):
     sentences = text if isinstance(text, list) else [text]
     ids, lens = [], []
     for s in sentences:
-        t = _ENC.encode_ordinary(s)
+        t = _ENCODE(s)
         if t:
             ids.extend(t)
             lens.append(len(t))
@@ -53,9 +68,11 @@ def main():
     ap.add_argument("--vocab-dir", required=True)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--log-interval", type=int, default=100000)
+    ap.add_argument("--tokenizer", choices=["hf", "tiktoken"], default="hf")
     args = ap.parse_args()
     start = time.time()
-    pool = multiprocessing.Pool(args.workers, initializer=init, initargs=(args.vocab_dir,))
+    pool = multiprocessing.Pool(args.workers, initializer=init,
+                                initargs=(args.vocab_dir, args.tokenizer))
     lengths, doc_index = [], [0]
     total = 0
     prefix = f"{args.output_prefix}_text_document"

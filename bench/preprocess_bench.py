@@ -47,6 +47,9 @@ def main():
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--bin", default=os.environ.get("LEANTRON_BIN", ROOT / "build/bin"))
     ap.add_argument("--skip-peer", action="store_true")
+    ap.add_argument("--peers", nargs="+", choices=["hf", "tiktoken"], default=["hf", "tiktoken"],
+                    help="peer tokenizers: hf = HuggingFace tokenizers (Megatron's HF-based "
+                         "path), tiktoken = the fastest Python GPT-2 tokenizer")
     args = ap.parse_args()
     vocab = vocab_dir()
     size = os.path.getsize(args.corpus)
@@ -63,15 +66,18 @@ def main():
             rows.append(("Leantron preprocess_data", w, wall, rss))
             if args.skip_peer:
                 continue
-            peer = f"{tmp}/peer{w}"
-            wall, rss = run([sys.executable, str(ROOT / "bench/megatron_peer_preprocess.py"),
-                             "--input", args.corpus, "--output-prefix", peer, "--vocab-dir",
-                             str(vocab), "--workers", str(w), "--log-interval", "100000000"])
-            rows.append(("Python peer (json + tiktoken + numpy)", w, wall, rss))
-            for ext in [".bin", ".idx"]:
-                if not filecmp.cmp(f"{ours}_text_document{ext}", f"{peer}_text_document{ext}",
-                                   shallow=False):
-                    raise SystemExit(f"outputs differ ({ext}) with {w} workers")
+            for tokenizer in args.peers:
+                peer = f"{tmp}/peer{tokenizer}{w}"
+                wall, rss = run([sys.executable, str(ROOT / "bench/megatron_peer_preprocess.py"),
+                                 "--input", args.corpus, "--output-prefix", peer, "--vocab-dir",
+                                 str(vocab), "--workers", str(w), "--log-interval", "100000000",
+                                 "--tokenizer", tokenizer])
+                label = "HF tokenizers" if tokenizer == "hf" else "tiktoken"
+                rows.append((f"Python peer (json + {label} + numpy)", w, wall, rss))
+                for ext in [".bin", ".idx"]:
+                    if not filecmp.cmp(f"{ours}_text_document{ext}", f"{peer}_text_document{ext}",
+                                       shallow=False):
+                        raise SystemExit(f"outputs differ ({ext}) with {w} workers ({tokenizer})")
             for p in pathlib.Path(tmp).glob(f"*{w}_text_document.*"):
                 p.unlink()
     print(f"corpus: {args.corpus}, {size / 2**20:.1f} MiB, {docs} documents; cores: {os.cpu_count()}")
