@@ -104,36 +104,34 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
   app.add_option("--tensorboard-log-interval", a->tensorboard_log_interval,
                  "Write TensorBoard scalars every N iterations (default 1)");
   app.add_option("--ops-backend", a->backend, "Ops backend (cpu)");
+  app.add_option("--normalization", a->normalization, "LayerNorm or RMSNorm");
+  app.add_option("--position-embedding-type", a->position_embedding_type,
+                 "learned_absolute or rope");
+  app.add_option("--rotary-base", a->rotary_base, "RoPE base (default 10000)");
+  app.add_flag("--swiglu", a->swiglu, "SwiGLU MLP (silu(gate)·up)");
+  app.add_flag("--group-query-attention", a->group_query_attention, "Grouped-query attention");
+  app.add_option("--num-query-groups", a->num_query_groups, "Query groups (with GQA)");
+  app.add_flag("--untie-embeddings-and-output-weights", a->untie_embeddings,
+               "Separate output layer");
+  app.add_flag("--disable-bias-linear", a->disable_bias_linear, "No biases on linear layers");
+  app.add_flag("--add-qkv-bias", a->add_qkv_bias, "QKV bias even with --disable-bias-linear");
   // Known, not implemented.
   TrainArgs::Unsupported& u = a->unsupported;
-  app.add_flag("--swiglu", u.swiglu, "(not implemented)");
-  app.add_flag("--group-query-attention", u.group_query_attention, "(not implemented)");
-  app.add_option("--num-query-groups", u.num_query_groups, "(not implemented)");
-  app.add_flag("--untie-embeddings-and-output-weights", u.untie, "(not implemented)");
-  app.add_flag("--disable-bias-linear", u.disable_bias_linear, "(not implemented)");
   app.add_flag("--bf16", u.bf16, "(not implemented on the cpu backend)");
   app.add_flag("--fp16", u.fp16, "(not implemented on the cpu backend)");
-  app.add_option("--normalization", u.normalization, "LayerNorm (RMSNorm not implemented)");
-  app.add_option("--position-embedding-type", u.position_embedding_type,
-                 "learned_absolute (rope not implemented)");
   app.add_option("--context-parallel-size", u.context_parallel_size, "1 (CP not implemented)");
 }
 
 absl::Status ValidateTrainArgs(TrainArgs* a) {
   auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
   const TrainArgs::Unsupported& u = a->unsupported;
-  if (u.swiglu) return bad("--swiglu is not implemented yet");
-  if (u.group_query_attention) return bad("--group-query-attention is not implemented yet");
-  if (u.num_query_groups != 0) return bad("--num-query-groups is not implemented yet");
-  if (u.untie) return bad("--untie-embeddings-and-output-weights is not implemented yet");
-  if (u.disable_bias_linear) return bad("--disable-bias-linear is not implemented yet");
   if (u.bf16 || u.fp16) return bad("--bf16/--fp16 are not implemented on the cpu backend");
-  if (u.normalization != "LayerNorm")
-    return bad("--normalization ", u.normalization, " is not implemented yet");
-  if (u.position_embedding_type != "learned_absolute")
-    return bad("--position-embedding-type ", u.position_embedding_type, " is not implemented yet");
   if (u.context_parallel_size != 1) return bad("context parallelism is not implemented yet");
-
+  if (a->normalization != "LayerNorm" && a->normalization != "RMSNorm")
+    return bad("--normalization must be LayerNorm or RMSNorm, not ", a->normalization);
+  if (a->position_embedding_type != "learned_absolute" && a->position_embedding_type != "rope")
+    return bad("--position-embedding-type must be learned_absolute or rope, not ",
+               a->position_embedding_type);
   if (a->num_layers <= 0 || a->hidden_size <= 0 || a->num_attention_heads <= 0)
     return bad("--num-layers, --hidden-size and --num-attention-heads must be given and positive");
   if (a->seq_length <= 0) return bad("--seq-length must be given and positive");
@@ -141,7 +139,16 @@ absl::Status ValidateTrainArgs(TrainArgs* a) {
   if (a->global_batch_size <= 0) return bad("--global-batch-size must be given and positive");
   if (a->micro_batch_size <= 0) return bad("--micro-batch-size must be positive");
   if (a->lr <= 0.0) return bad("--lr must be given and positive");
-  if (a->ffn_hidden_size == 0) a->ffn_hidden_size = 4 * a->hidden_size;
+  if (a->ffn_hidden_size == 0) {
+    // Megatron: 4h, or with SwiGLU 2/3 of it rounded down to a multiple of 64.
+    a->ffn_hidden_size = a->swiglu ? (4 * a->hidden_size * 2 / 3) / 64 * 64 : 4 * a->hidden_size;
+    if (a->ffn_hidden_size == 0)
+      return bad("--ffn-hidden-size must be given for this --hidden-size");
+  }
+  if (!a->group_query_attention) a->num_query_groups = a->num_attention_heads;
+  if (a->num_query_groups <= 0 || a->num_attention_heads % a->num_query_groups != 0)
+    return bad("--num-attention-heads ", a->num_attention_heads,
+               " is not divisible by --num-query-groups ", a->num_query_groups);
   if (a->kv_channels == 0) {
     if (a->hidden_size % a->num_attention_heads != 0)
       return bad("--hidden-size ", a->hidden_size, " is not divisible by --num-attention-heads ",
@@ -167,6 +174,10 @@ absl::Status ValidateTrainArgs(TrainArgs* a) {
     return bad("world size ", a->world_size, " is not divisible by TP ", tp, " x PP ", pp);
   if (a->num_attention_heads % tp != 0)
     return bad("--num-attention-heads ", a->num_attention_heads, " is not divisible by TP ", tp);
+  if (a->num_query_groups % tp != 0)
+    return bad("--num-query-groups ", a->num_query_groups, " is not divisible by TP ", tp);
+  if (a->position_embedding_type == "rope" && a->kv_channels % 2 != 0)
+    return bad("rope needs an even head dimension, not ", a->kv_channels);
   if (a->ffn_hidden_size % tp != 0)
     return bad("--ffn-hidden-size ", a->ffn_hidden_size, " is not divisible by TP ", tp);
   if (a->num_layers % pp != 0)
@@ -226,18 +237,24 @@ ckpt::ModelConfig ModelConfigFromArgs(const TrainArgs& a) {
   c.hidden_size = a.hidden_size;
   c.ffn_hidden_size = a.ffn_hidden_size;
   c.num_attention_heads = a.num_attention_heads;
-  c.num_query_groups = a.num_attention_heads;
+  c.num_query_groups = a.num_query_groups;
   c.kv_channels = a.kv_channels;
   c.vocab_size = a.true_vocab_size();
   c.max_position_embeddings = a.max_position_embeddings;
   c.make_vocab_size_divisible_by = a.make_vocab_size_divisible_by;
-  c.normalization = ckpt::NormType::kLayerNorm;
+  c.normalization =
+      a.normalization == "RMSNorm" ? ckpt::NormType::kRMSNorm : ckpt::NormType::kLayerNorm;
   c.norm_epsilon = a.norm_epsilon;
-  c.activation = a.openai_gelu ? ckpt::Activation::kGeluTanh : ckpt::Activation::kGelu;
-  c.position_embedding_type = ckpt::PositionEmbedding::kLearnedAbsolute;
-  c.add_bias_linear = true;
-  c.add_qkv_bias = true;
-  c.untie_embeddings_and_output_weights = false;
+  c.activation = a.swiglu        ? ckpt::Activation::kSwiGLU
+                 : a.openai_gelu ? ckpt::Activation::kGeluTanh
+                                 : ckpt::Activation::kGelu;
+  c.position_embedding_type = a.position_embedding_type == "rope"
+                                  ? ckpt::PositionEmbedding::kRope
+                                  : ckpt::PositionEmbedding::kLearnedAbsolute;
+  c.rotary_base = a.rotary_base;
+  c.add_bias_linear = !a.disable_bias_linear;
+  c.add_qkv_bias = !a.disable_bias_linear || a.add_qkv_bias;
+  c.untie_embeddings_and_output_weights = a.untie_embeddings;
   c.params_dtype = ckpt::DType::kF32;
   return c;
 }

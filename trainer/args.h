@@ -20,6 +20,13 @@ struct TrainArgs {
   int64_t num_layers = 0, hidden_size = 0, num_attention_heads = 0, ffn_hidden_size = 0;
   int64_t seq_length = 0, max_position_embeddings = 0, kv_channels = 0;
   bool openai_gelu = false;
+  // Llama-style choices (Megatron's flags): RMSNorm, SwiGLU, RoPE, grouped-query attention,
+  // untied output layer, no linear biases.
+  std::string normalization = "LayerNorm", position_embedding_type = "learned_absolute";
+  bool swiglu = false, group_query_attention = false, untie_embeddings = false;
+  bool disable_bias_linear = false, add_qkv_bias = false;
+  int64_t num_query_groups = 0;
+  double rotary_base = 10000.0;
   double init_method_std = 0.02, hidden_dropout = 0.1, attention_dropout = 0.1;
   int64_t make_vocab_size_divisible_by = 128;
   double norm_epsilon = 1e-5;
@@ -61,11 +68,8 @@ struct TrainArgs {
   // Megatron flags this trainer knows but does not implement yet: parsed so the user gets a
   // sentence saying so instead of "unknown option".
   struct Unsupported {
-    bool swiglu = false, group_query_attention = false, untie = false, disable_bias_linear = false;
     bool bf16 = false, fp16 = false;
-    std::string normalization = "LayerNorm", position_embedding_type = "learned_absolute";
     int context_parallel_size = 1;
-    int64_t num_query_groups = 0;
   } unsupported;
 
   int world_size = 1;  // from the launcher; DP = world / (TP·PP)

@@ -48,10 +48,24 @@ absl::Status CheckSameModel(const ckpt::ModelConfig& saved, const ckpt::ModelCon
   if (saved.max_position_embeddings != ours.max_position_embeddings)
     return mismatch("max_position_embeddings", saved.max_position_embeddings,
                     ours.max_position_embeddings);
-  if (saved.swiglu() || saved.normalization != ckpt::NormType::kLayerNorm ||
-      saved.position_embedding_type != ckpt::PositionEmbedding::kLearnedAbsolute ||
-      saved.untie_embeddings_and_output_weights || !saved.add_bias_linear)
-    return absl::InvalidArgumentError("checkpoint is not a GPT-2-style model this trainer runs");
+  if (saved.num_query_groups != ours.num_query_groups)
+    return mismatch("num_query_groups", saved.num_query_groups, ours.num_query_groups);
+  if (saved.kv_channels != ours.kv_channels)
+    return mismatch("kv_channels", saved.kv_channels, ours.kv_channels);
+  if (saved.normalization != ours.normalization)
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint uses ", std::string(ckpt::NormTypeName(saved.normalization)),
+                     " (--normalization)"));
+  if (saved.position_embedding_type != ours.position_embedding_type)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint uses ", std::string(ckpt::PositionEmbeddingName(saved.position_embedding_type)),
+        " positions (--position-embedding-type)"));
+  if (saved.untie_embeddings_and_output_weights != ours.untie_embeddings_and_output_weights)
+    return absl::InvalidArgumentError(
+        "checkpoint and run differ in --untie-embeddings-and-output-weights");
+  if (saved.add_bias_linear != ours.add_bias_linear || saved.add_qkv_bias != ours.add_qkv_bias)
+    return absl::InvalidArgumentError(
+        "checkpoint and run differ in linear biases (--disable-bias-linear, --add-qkv-bias)");
   if (saved.activation != ours.activation) {
     return absl::InvalidArgumentError(
         absl::StrCat("checkpoint uses ", std::string(ckpt::ActivationName(saved.activation)),

@@ -18,6 +18,13 @@ GptModel::GptModel(Ops* ops, const ckpt::ModelLayout& layout, Communicator* tp, 
   heads_local_ = c.num_attention_heads / tp_size_;
   head_dim_ = c.kv_channels;
   ffn_local_ = c.ffn_hidden_size / tp_size_;
+  groups_local_ = c.num_query_groups / tp_size_;
+  qkv_width_ = (heads_local_ + 2 * groups_local_) * head_dim_;
+  swiglu_ = c.swiglu();
+  fc1_width_ = swiglu_ ? 2 * ffn_local_ : ffn_local_;
+  rms_norm_ = c.normalization == ckpt::NormType::kRMSNorm;
+  rope_ = c.position_embedding_type == ckpt::PositionEmbedding::kRope;
+  rope_base_ = c.rotary_base;
   vocab_local_ = layout.padded_vocab_size() / tp_size_;
   rows_full_ = opt_.micro_batch * opt_.seq_length;
   rows_local_ = opt_.sequence_parallel ? rows_full_ / tp_size_ : rows_full_;
@@ -78,15 +85,14 @@ GptModel::GptModel(Ops* ops, const ckpt::ModelLayout& layout, Communicator* tp, 
       d_out_w_ = d_word_emb_;
     }
   }
-  const int64_t qkv_width = 3 * heads_local_ * head_dim_;
   dhidden_ = A(rows_local_ * h_);
   dtmp_ = A(rows_local_ * h_);
   dfull_ = A(rows_full_ * h_);
   dfull2_ = A(rows_full_ * h_);
   tmp_full_ = A(rows_full_ * h_);
-  dqkv_ = A(rows_full_ * qkv_width);
+  dqkv_ = A(rows_full_ * qkv_width_);
   dattn_ = A(rows_full_ * heads_local_ * head_dim_);
-  dfc1_ = A(rows_full_ * ffn_local_);
+  dfc1_ = A(rows_full_ * fc1_width_);
   dgelu_ = A(rows_full_ * ffn_local_);
   dlogits_ = last_stage_ ? A(rows_full_ * vocab_local_) : nullptr;
   dlosses_ = A(rows_full_);
@@ -155,7 +161,7 @@ GptModel::LayerActs GptModel::MakeLayerActs() {
   a.ln1_mean = A(rows_local_);
   a.ln1_rstd = A(rows_local_);
   a.ln1_full = sp ? A(rows_full_ * h_) : a.ln1;
-  a.qkv = A(rows_full_ * 3 * heads_local_ * head_dim_);
+  a.qkv = A(rows_full_ * qkv_width_);
   const size_t probs = opt_.micro_batch * heads_local_ * opt_.seq_length * opt_.seq_length;
   if (opt_.recompute_attention) {
     if (shared_probs_ == nullptr) shared_probs_ = A(probs);
@@ -169,7 +175,7 @@ GptModel::LayerActs GptModel::MakeLayerActs() {
   a.ln2_mean = A(rows_local_);
   a.ln2_rstd = A(rows_local_);
   a.ln2_full = sp ? A(rows_full_ * h_) : a.ln2;
-  a.fc1 = A(rows_full_ * ffn_local_);
+  a.fc1 = A(rows_full_ * fc1_width_);
   a.gelu = A(rows_full_ * ffn_local_);
   return a;
 }
@@ -237,22 +243,25 @@ void GptModel::LayerForward(Slot& s, int l) {
   const int64_t n_local = rows_local_ * h_;
   const int64_t attn_width = heads_local_ * head_dim_;
   // Attention block: mid = x + dropout(proj(attention(qkv(ln1(x)))) + b_proj).
-  ops_->LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1_w, w.ln1_b, rows_local_, h_, eps_);
+  NormForward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1_w, w.ln1_b, rows_local_, h_, eps_);
   const float* ln1 = GatherRows(a.ln1, a.ln1_full);
-  ops_->LinearForward(a.qkv, ln1, w.qkv_w, w.qkv_b, rows_full_, h_, 3 * attn_width);
+  ops_->LinearForward(a.qkv, ln1, w.qkv_w, w.qkv_b, rows_full_, h_, qkv_width_);
+  if (rope_) {
+    ops_->Rope(a.qkv, opt_.micro_batch, opt_.seq_length, heads_local_, groups_local_, head_dim_,
+               rope_base_, /*inverse=*/false);
+  }
   ops_->AttentionForward(a.attn, a.probs, a.qkv, opt_.micro_batch, opt_.seq_length, heads_local_,
-                         head_dim_, AttnDrop(s.mb, w.global_index));
+                         groups_local_, head_dim_, AttnDrop(s.mb, w.global_index));
   ops_->LinearForward(tmp_full_, a.attn, w.proj_w, nullptr, rows_full_, attn_width, h_);
   ReduceRows(tmp_full_, a.mid);
   if (w.proj_b) ops_->AddBias(a.mid, w.proj_b, rows_local_, h_);
   ops_->Dropout(a.mid, rows_local_, h_, HiddenDrop(s.mb, w.global_index, 1));
   ops_->AddInPlace(a.mid, x, n_local);
   // MLP block: y = mid + dropout(fc2(gelu(fc1(ln2(mid)))) + b_fc2).
-  ops_->LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.mid, w.ln2_w, w.ln2_b, rows_local_, h_,
-                         eps_);
+  NormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.mid, w.ln2_w, w.ln2_b, rows_local_, h_, eps_);
   const float* ln2 = GatherRows(a.ln2, a.ln2_full);
-  ops_->LinearForward(a.fc1, ln2, w.fc1_w, w.fc1_b, rows_full_, h_, ffn_local_);
-  ops_->GeluForward(a.gelu, a.fc1, rows_full_ * ffn_local_, tanh_gelu_);
+  ops_->LinearForward(a.fc1, ln2, w.fc1_w, w.fc1_b, rows_full_, h_, fc1_width_);
+  ActivationForward(a.gelu, a.fc1);
   ops_->LinearForward(tmp_full_, a.gelu, w.fc2_w, nullptr, rows_full_, ffn_local_, h_);
   ReduceRows(tmp_full_, y);
   if (w.fc2_b) ops_->AddBias(y, w.fc2_b, rows_local_, h_);
@@ -269,7 +278,7 @@ void GptModel::LayerBackward(Slot& s, int l) {
     // The softmax matrix is shared across layers: rebuild this layer's (its output, already
     // kept in a.attn, lands in scratch).
     ops_->AttentionForward(dattn_, a.probs, a.qkv, opt_.micro_batch, opt_.seq_length, heads_local_,
-                           head_dim_, AttnDrop(s.mb, w.global_index));
+                           groups_local_, head_dim_, AttnDrop(s.mb, w.global_index));
   }
   const float* x = s.hidden[l];
   const int64_t n_local = rows_local_ * h_;
@@ -282,12 +291,12 @@ void GptModel::LayerBackward(Slot& s, int l) {
   const float* dy = GatherRows(dtmp_, dfull_);
   ops_->LinearBackward(dgelu_, w.d_fc2_w, nullptr, dy, a.gelu, w.fc2_w, rows_full_, ffn_local_, h_,
                        false);
-  ops_->GeluBackward(dfc1_, dgelu_, a.fc1, rows_full_ * ffn_local_, tanh_gelu_);
+  ActivationBackward(dfc1_, dgelu_, a.fc1);
   ops_->LinearBackward(dfull2_, w.d_fc1_w, w.d_fc1_b, dfc1_, a.ln2_full, w.fc1_w, rows_full_, h_,
-                       ffn_local_, false);
+                       fc1_width_, false);
   ReduceGradRows(dfull2_, dtmp_);
-  ops_->LayerNormBackward(dhidden_, w.d_ln2_w, w.d_ln2_b, dtmp_, a.mid, w.ln2_w, a.ln2_mean,
-                          a.ln2_rstd, rows_local_, h_);
+  NormBackward(dhidden_, w.d_ln2_w, w.d_ln2_b, dtmp_, a.mid, w.ln2_w, a.ln2_mean, a.ln2_rstd,
+               rows_local_, h_);
 
   ops_->Copy(dtmp_, dhidden_, n_local);
   ops_->Dropout(dtmp_, rows_local_, h_, HiddenDrop(s.mb, w.global_index, 1));
@@ -296,17 +305,56 @@ void GptModel::LayerBackward(Slot& s, int l) {
   ops_->LinearBackward(dattn_, w.d_proj_w, nullptr, dproj, a.attn, w.proj_w, rows_full_, attn_width,
                        h_, false);
   ops_->AttentionBackward(dqkv_, dattn_, a.qkv, a.probs, opt_.micro_batch, opt_.seq_length,
-                          heads_local_, head_dim_, AttnDrop(s.mb, w.global_index));
+                          heads_local_, groups_local_, head_dim_, AttnDrop(s.mb, w.global_index));
+  if (rope_) {
+    ops_->Rope(dqkv_, opt_.micro_batch, opt_.seq_length, heads_local_, groups_local_, head_dim_,
+               rope_base_, /*inverse=*/true);
+  }
   ops_->LinearBackward(dfull2_, w.d_qkv_w, w.d_qkv_b, dqkv_, a.ln1_full, w.qkv_w, rows_full_, h_,
-                       3 * attn_width, false);
+                       qkv_width_, false);
   ReduceGradRows(dfull2_, dtmp_);
-  ops_->LayerNormBackward(dhidden_, w.d_ln1_w, w.d_ln1_b, dtmp_, x, w.ln1_w, a.ln1_mean, a.ln1_rstd,
-                          rows_local_, h_);
+  NormBackward(dhidden_, w.d_ln1_w, w.d_ln1_b, dtmp_, x, w.ln1_w, a.ln1_mean, a.ln1_rstd,
+               rows_local_, h_);
+}
+
+void GptModel::NormForward(float* out, float* mean, float* rstd, const float* in, const float* w,
+                           const float* b, int64_t rows, int64_t cols, float eps) {
+  if (rms_norm_) {
+    ops_->RmsNormForward(out, rstd, in, w, rows, cols, eps);
+  } else {
+    ops_->LayerNormForward(out, mean, rstd, in, w, b, rows, cols, eps);
+  }
+}
+
+void GptModel::NormBackward(float* din, float* dw, float* db, const float* dout, const float* in,
+                            const float* w, const float* mean, const float* rstd, int64_t rows,
+                            int64_t cols) {
+  if (rms_norm_) {
+    ops_->RmsNormBackward(din, dw, dout, in, w, rstd, rows, cols);
+  } else {
+    ops_->LayerNormBackward(din, dw, db, dout, in, w, mean, rstd, rows, cols);
+  }
+}
+
+void GptModel::ActivationForward(float* out, const float* in) {
+  if (swiglu_) {
+    ops_->SwigluForward(out, in, rows_full_, ffn_local_);
+  } else {
+    ops_->GeluForward(out, in, rows_full_ * ffn_local_, tanh_gelu_);
+  }
+}
+
+void GptModel::ActivationBackward(float* din, const float* dout, const float* in) {
+  if (swiglu_) {
+    ops_->SwigluBackward(din, dout, in, rows_full_, ffn_local_);
+  } else {
+    ops_->GeluBackward(din, dout, in, rows_full_ * ffn_local_, tanh_gelu_);
+  }
 }
 
 float GptModel::HeadForward(Slot& s) {
   const float* x = s.hidden[layers_.size()];
-  ops_->LayerNormForward(s.lnf, s.lnf_mean, s.lnf_rstd, x, lnf_w_, lnf_b_, rows_local_, h_, eps_);
+  NormForward(s.lnf, s.lnf_mean, s.lnf_rstd, x, lnf_w_, lnf_b_, rows_local_, h_, eps_);
   const float* lnf = GatherRows(s.lnf, s.lnf_full);
   ops_->LinearForward(s.logits, lnf, out_w_, nullptr, rows_full_, h_, vocab_local_);
   ReduceHook max_hook, sum_hook;
@@ -338,8 +386,8 @@ void GptModel::HeadBackward(Slot& s, float loss_scale) {
                        vocab_local_, false);
   ReduceGradRows(dfull_, dtmp_);
   ops_->Zero(dhidden_, rows_local_ * h_);
-  ops_->LayerNormBackward(dhidden_, d_lnf_w_, d_lnf_b_, dtmp_, s.hidden[layers_.size()], lnf_w_,
-                          s.lnf_mean, s.lnf_rstd, rows_local_, h_);
+  NormBackward(dhidden_, d_lnf_w_, d_lnf_b_, dtmp_, s.hidden[layers_.size()], lnf_w_, s.lnf_mean,
+               s.lnf_rstd, rows_local_, h_);
 }
 
 float GptModel::Forward(int slot, const MicroBatch& mb, const float* input) {

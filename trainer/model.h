@@ -107,6 +107,15 @@ class GptModel {
   // Gradient of a gathered input [rows_full, h] → this rank's rows, summed over TP.
   void ReduceGradRows(float* full, float* shard) { ReduceRows(full, shard); }
 
+  // LayerNorm or RMSNorm; GELU or SwiGLU (fc1 [rows, 2·ffn] = [gate | up] on this rank).
+  void NormForward(float* out, float* mean, float* rstd, const float* in, const float* w,
+                   const float* b, int64_t rows, int64_t cols, float eps);
+  void NormBackward(float* din, float* dw, float* db, const float* dout, const float* in,
+                    const float* w, const float* mean, const float* rstd, int64_t rows,
+                    int64_t cols);
+  void ActivationForward(float* out, const float* in);
+  void ActivationBackward(float* din, const float* dout, const float* in);
+
   void EmbeddingForward(Slot& s);
   void EmbeddingBackward(Slot& s);
   void LayerForward(Slot& s, int l);
@@ -124,7 +133,9 @@ class GptModel {
   int64_t h_ = 0, heads_local_ = 0, head_dim_ = 0, ffn_local_ = 0, vocab_local_ = 0;
   int64_t total_heads_ = 0, rows_full_ = 0, rows_local_ = 0;
   float eps_ = 1e-5f;
-  bool tanh_gelu_ = false;
+  bool tanh_gelu_ = false, swiglu_ = false, rms_norm_ = false, rope_ = false;
+  int64_t groups_local_ = 0, qkv_width_ = 0, fc1_width_ = 0;
+  double rope_base_ = 10000.0;
   std::vector<LayerWeights> layers_;
   const float *word_emb_ = nullptr, *pos_emb_ = nullptr, *lnf_w_ = nullptr, *lnf_b_ = nullptr,
               *out_w_ = nullptr;

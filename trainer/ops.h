@@ -76,20 +76,37 @@ class Ops {
                                  const float* in, const float* weight, const float* mean,
                                  const float* rstd, int64_t rows, int64_t cols) = 0;
 
+  // RMSNorm (no bias); keeps 1/rms per row. din += ∂; dweight +=.
+  virtual void RmsNormForward(float* out, float* rstd, const float* in, const float* weight,
+                              int64_t rows, int64_t cols, float eps) = 0;
+  virtual void RmsNormBackward(float* din, float* dweight, const float* dout, const float* in,
+                               const float* weight, const float* rstd, int64_t rows,
+                               int64_t cols) = 0;
+  // SwiGLU on in [rows, 2·width] = [gate | up] per row: out = silu(gate)·up. din = (not +=).
+  virtual void SwigluForward(float* out, const float* in, int64_t rows, int64_t width) = 0;
+  virtual void SwigluBackward(float* din, const float* dout, const float* in, int64_t rows,
+                              int64_t width) = 0;
+  // Rotary embedding (rotate-half, position = index in the sequence) on the queries and keys of
+  // qkv in place; `inverse` applies the transpose, which is the backward.
+  virtual void Rope(float* qkv, int64_t batch, int64_t seq, int64_t heads, int64_t groups,
+                    int64_t head_dim, double base, bool inverse) = 0;
+
   // GELU, erf form (Megatron's default) or tanh form (--openai-gelu). din = (not +=).
   virtual void GeluForward(float* out, const float* in, size_t n, bool tanh_approx) = 0;
   virtual void GeluBackward(float* din, const float* dout, const float* in, size_t n,
                             bool tanh_approx) = 0;
 
-  // Causal self-attention over qkv [B, T, heads, 3, D] (per head q, k, v: Megatron's layout
-  // without grouping). out [B, T, heads·D]; probs [B, heads, T, T] keeps the softmax (before
-  // dropout) for the backward. dqkv = (not +=).
+  // Causal self-attention over qkv [B, T, (heads + 2·groups)·D] in Megatron-Core's grouped
+  // layout (per query group: its heads/groups query heads, its key head, its value head; with
+  // groups == heads that is [q k v] per head). out [B, T, heads·D]; probs [B, heads, T, T] keeps
+  // the softmax (before dropout) for the backward. dqkv = (not +=).
   virtual void AttentionForward(float* out, float* probs, const float* qkv, int64_t batch,
-                                int64_t seq, int64_t heads, int64_t head_dim,
+                                int64_t seq, int64_t heads, int64_t groups, int64_t head_dim,
                                 const AttentionDropout& dropout) = 0;
   virtual void AttentionBackward(float* dqkv, const float* dout, const float* qkv,
                                  const float* probs, int64_t batch, int64_t seq, int64_t heads,
-                                 int64_t head_dim, const AttentionDropout& dropout) = 0;
+                                 int64_t groups, int64_t head_dim,
+                                 const AttentionDropout& dropout) = 0;
 
   // In place on x [rows, cols]: zero dropped elements, scale kept ones by 1/(1-p). The backward
   // applies the same mask to the gradient.

@@ -29,6 +29,17 @@ inline void Axpy(float* y, float a, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
+// Megatron-Core's grouped QKV row of one token: per query group its heads/groups query heads,
+// then its key head, then its value head ([q k v] per head without grouping).
+struct QkvLayout {
+  QkvLayout(int64_t heads, int64_t groups, int64_t d)
+      : per(heads / groups), d(d), row((heads + 2 * groups) * d) {}
+  int64_t q(int64_t h) const { return (h / per) * (per + 2) * d + (h % per) * d; }
+  int64_t k(int64_t h) const { return (h / per) * (per + 2) * d + per * d; }
+  int64_t v(int64_t h) const { return k(h) + d; }
+  int64_t per, d, row;
+};
+
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kInvSqrt2 = 0.7071067811865476f;
 constexpr float kInvSqrt2Pi = 0.3989422804014327f;
@@ -159,6 +170,97 @@ class CpuOps final : public Ops {
     }
   }
 
+  void RmsNormForward(float* out, float* rstd, const float* in, const float* weight, int64_t rows,
+                      int64_t cols, float eps) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* x = in + r * cols;
+      double ss = 0.0;
+      for (int64_t c = 0; c < cols; ++c) ss += static_cast<double>(x[c]) * x[c];
+      const double rs = 1.0 / std::sqrt(ss / cols + eps);
+      for (int64_t c = 0; c < cols; ++c)
+        out[r * cols + c] = static_cast<float>(x[c] * rs) * weight[c];
+      rstd[r] = static_cast<float>(rs);
+    }
+  }
+
+  void RmsNormBackward(float* din, float* dweight, const float* dout, const float* in,
+                       const float* weight, const float* rstd, int64_t rows,
+                       int64_t cols) override {
+    std::vector<double> dw(cols, 0.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* x = in + r * cols;
+      const float* dy = dout + r * cols;
+      const double rs = rstd[r];
+      double dot = 0.0;  // Σ dnorm·norm
+      for (int64_t c = 0; c < cols; ++c) {
+        const double norm = x[c] * rs;
+        dot += static_cast<double>(weight[c]) * dy[c] * norm;
+        dw[c] += norm * dy[c];
+      }
+      dot /= cols;
+      for (int64_t c = 0; c < cols; ++c) {
+        const double norm = x[c] * rs;
+        din[r * cols + c] +=
+            static_cast<float>((static_cast<double>(weight[c]) * dy[c] - norm * dot) * rs);
+      }
+    }
+    for (int64_t c = 0; c < cols; ++c) dweight[c] += static_cast<float>(dw[c]);
+  }
+
+  void SwigluForward(float* out, const float* in, int64_t rows, int64_t width) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* gate = in + r * 2 * width;
+      const float* up = gate + width;
+      for (int64_t c = 0; c < width; ++c)
+        out[r * width + c] = gate[c] / (1.0f + std::exp(-gate[c])) * up[c];
+    }
+  }
+
+  void SwigluBackward(float* din, const float* dout, const float* in, int64_t rows,
+                      int64_t width) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* gate = in + r * 2 * width;
+      const float* up = gate + width;
+      float* dgate = din + r * 2 * width;
+      float* dup = dgate + width;
+      for (int64_t c = 0; c < width; ++c) {
+        const float sig = 1.0f / (1.0f + std::exp(-gate[c]));
+        const float dy = dout[r * width + c];
+        dup[c] = dy * gate[c] * sig;
+        dgate[c] = dy * up[c] * sig * (1.0f + gate[c] * (1.0f - sig));
+      }
+    }
+  }
+
+  void Rope(float* qkv, int64_t batch, int64_t seq, int64_t heads, int64_t groups, int64_t head_dim,
+            double base, bool inverse) override {
+    const QkvLayout L(heads, groups, head_dim);
+    const int64_t half = head_dim / 2;
+    std::vector<float> cs(seq * half), sn(seq * half);
+    for (int64_t t = 0; t < seq; ++t)
+      for (int64_t i = 0; i < half; ++i) {
+        const double angle =
+            t * std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+        cs[t * half + i] = static_cast<float>(std::cos(angle));
+        sn[t * half + i] = static_cast<float>(std::sin(angle)) * (inverse ? -1.0f : 1.0f);
+      }
+    // Rotate-half: (x1, x2) → (x1·cos − x2·sin, x2·cos + x1·sin); the inverse (the backward of
+    // this orthogonal map) rotates by −angle. Queries of every head, keys of every group.
+    auto rotate = [&](float* x, int64_t t) {
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = x[i], b = x[i + half], c = cs[t * half + i], s = sn[t * half + i];
+        x[i] = a * c - b * s;
+        x[i + half] = b * c + a * s;
+      }
+    };
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t t = 0; t < seq; ++t) {
+        float* row = qkv + (b * seq + t) * L.row;
+        for (int64_t h = 0; h < heads; ++h) rotate(row + L.q(h), t);
+        for (int64_t g = 0; g < groups; ++g) rotate(row + L.k(g * L.per), t);
+      }
+  }
+
   void GeluForward(float* out, const float* in, size_t n, bool tanh_approx) override {
     for (size_t i = 0; i < n; ++i) {
       const float x = in[i];
@@ -187,18 +289,20 @@ class CpuOps final : public Ops {
   }
 
   void AttentionForward(float* out, float* probs, const float* qkv, int64_t batch, int64_t seq,
-                        int64_t heads, int64_t head_dim, const AttentionDropout& dropout) override {
-    const int64_t d = head_dim, row = heads * 3 * d;
+                        int64_t heads, int64_t groups, int64_t head_dim,
+                        const AttentionDropout& dropout) override {
+    const QkvLayout L(heads, groups, head_dim);
+    const int64_t d = head_dim, row = L.row;
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
     const float keep_scale = dropout.p > 0 ? 1.0f / (1.0f - dropout.p) : 1.0f;
     std::vector<double> s(seq);
     for (int64_t b = 0; b < batch; ++b) {
       for (int64_t h = 0; h < heads; ++h) {
         for (int64_t i = 0; i < seq; ++i) {
-          const float* q = qkv + (b * seq + i) * row + h * 3 * d;
+          const float* q = qkv + (b * seq + i) * row + L.q(h);
           double mx = -INFINITY;
           for (int64_t j = 0; j <= i; ++j) {
-            const float* k = qkv + (b * seq + j) * row + h * 3 * d + d;
+            const float* k = qkv + (b * seq + j) * row + L.k(h);
             s[j] = static_cast<double>(Dot(q, k, d) * scale);
             mx = std::max(mx, s[j]);
           }
@@ -217,7 +321,7 @@ class CpuOps final : public Ops {
             }
             p[j] = static_cast<float>(s[j] / sum);
             const float w = p[j] * DropMask(dropout, b, h, i, j, seq) * keep_scale;
-            if (w != 0.0f) Axpy(y, w, qkv + (b * seq + j) * row + h * 3 * d + 2 * d, d);
+            if (w != 0.0f) Axpy(y, w, qkv + (b * seq + j) * row + L.v(h), d);
           }
         }
       }
@@ -225,9 +329,10 @@ class CpuOps final : public Ops {
   }
 
   void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* probs,
-                         int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
-                         const AttentionDropout& dropout) override {
-    const int64_t d = head_dim, row = heads * 3 * d;
+                         int64_t batch, int64_t seq, int64_t heads, int64_t groups,
+                         int64_t head_dim, const AttentionDropout& dropout) override {
+    const QkvLayout L(heads, groups, head_dim);
+    const int64_t d = head_dim, row = L.row;
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
     const float keep_scale = dropout.p > 0 ? 1.0f / (1.0f - dropout.p) : 1.0f;
     std::memset(dqkv, 0, batch * seq * row * sizeof(float));
@@ -237,13 +342,13 @@ class CpuOps final : public Ops {
         for (int64_t i = 0; i < seq; ++i) {
           const float* dy = dout + (b * seq + i) * heads * d + h * d;
           const float* p = probs + ((b * heads + h) * seq + i) * seq;
-          const float* q = qkv + (b * seq + i) * row + h * 3 * d;
-          float* dq = dqkv + (b * seq + i) * row + h * 3 * d;
+          const float* q = qkv + (b * seq + i) * row + L.q(h);
+          float* dq = dqkv + (b * seq + i) * row + L.q(h);
           double pdp = 0.0;
           for (int64_t j = 0; j <= i; ++j) {
             const float mask = DropMask(dropout, b, h, i, j, seq) * keep_scale;
-            const float* v = qkv + (b * seq + j) * row + h * 3 * d + 2 * d;
-            float* dv = dqkv + (b * seq + j) * row + h * 3 * d + 2 * d;
+            const float* v = qkv + (b * seq + j) * row + L.v(h);
+            float* dv = dqkv + (b * seq + j) * row + L.v(h);
             // out = Σ_j p_j·mask_j·v_j
             if (mask != 0.0f) Axpy(dv, p[j] * mask, dy, d);
             dp[j] = Dot(dy, v, d) * mask;
@@ -252,8 +357,8 @@ class CpuOps final : public Ops {
           for (int64_t j = 0; j <= i; ++j) {
             const float ds = p[j] * (dp[j] - static_cast<float>(pdp)) * scale;
             if (ds == 0.0f) continue;
-            const float* k = qkv + (b * seq + j) * row + h * 3 * d + d;
-            float* dk = dqkv + (b * seq + j) * row + h * 3 * d + d;
+            const float* k = qkv + (b * seq + j) * row + L.k(h);
+            float* dk = dqkv + (b * seq + j) * row + L.k(h);
             Axpy(dq, ds, k, d);
             Axpy(dk, ds, q, d);
           }

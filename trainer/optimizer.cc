@@ -39,7 +39,7 @@ void Optimizer::FinalizeGrads() {
       if (v.tp_partial_grad) groups_->tp->AllReduceSum(grad + v.offset, v.numel);
   }
   // Tied embeddings across the first and last stage: both copies get the sum.
-  if (groups_->embedding) {
+  if (groups_->embedding && !params_->layout().config().untie_embeddings_and_output_weights) {
     for (const char* name : {"embedding.word_embeddings.weight", "output_layer.weight"}) {
       const ParamView* v = params_->Find(name);
       if (v == nullptr) continue;

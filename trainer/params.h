@@ -52,6 +52,7 @@ class ParamStore {
   std::vector<float> HostData() const;
   void SetFromHost(const ParamView& view, const float* host);
   Ops* ops() const { return ops_; }
+  const ckpt::ModelLayout& layout() const { return layout_; }
   float* Grad(const std::string& name);
 
  private:

@@ -162,3 +162,40 @@ def test_log_line_is_megatrons():
         r"number of nan iterations: {3}0 \|$")
     lines = [x for x in proc.stdout.splitlines() if " iteration " in x]
     assert len(lines) == 2 and all(line.match(x) for x in lines), lines
+
+
+LLAMA = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
+         "--group-query-attention", "--num-query-groups", "2",
+         "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--ffn-hidden-size", "48"]
+
+
+def test_llama_style_first_loss_matches_numpy_float64(tmp_path):
+    """RMSNorm, SwiGLU, RoPE, grouped-query attention, untied output, no biases: against the
+    checkpoint tests' float64 Megatron-Core forward (ckpt_testlib.megatron_forward)."""
+    import json
+
+    from ckpt_testlib import megatron_forward
+    seed, seq, vocab = 1234, 32, 256
+    run_train(TINY + LLAMA + ["--mock-data", "--micro-batch-size", "1", "--global-batch-size", "2",
+                              "--train-iters", "1", "--lr", "1e-30", "--weight-decay", "0",
+                              "--hidden-dropout", "0", "--attention-dropout", "0",
+                              "--init-method-std", "0.2", "--log-interval", "1", "--eval-iters", "0",
+                              "--save", tmp_path / "ck", "--seed", seed])
+    it = tmp_path / "ck" / "iter_0000001"
+    model = json.loads((it / "metadata.json").read_text())["model"]
+    t = load_file(str(it / "mp_rank_00" / "model.safetensors"))
+    assert "output_layer.weight" in t and "embedding.position_embeddings.weight" not in t
+    assert not any(k.endswith(".bias") for k in t)
+    losses = []
+    for i in range(2):
+        text = mock_sample(i, seed, vocab, seq)
+        logits = megatron_forward(t, model, text[:-1])
+        mx = logits.max(-1, keepdims=True)
+        lse = mx[:, 0] + np.log(np.exp(logits - mx).sum(-1))
+        losses.append(np.mean(lse - logits[np.arange(seq), text[1:]]))
+    proc_loss = parse_log(run_train(TINY + LLAMA + [
+        "--mock-data", "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", "1",
+        "--lr", "1e-30", "--weight-decay", "0", "--hidden-dropout", "0", "--attention-dropout", "0",
+        "--init-method-std", "0.2", "--log-interval", "1", "--eval-iters", "0",
+        "--seed", seed]).stdout)[0][1][1]
+    assert proc_loss == pytest.approx(np.mean(losses), rel=2e-6)

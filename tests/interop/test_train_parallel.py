@@ -107,3 +107,33 @@ def test_cluster_launchers_rendezvous_over_tcp(style, dataset, baseline, tmp_pat
     train, _ = parse_log(outs[0][0] + outs[1][0])
     for it, row in baseline[0].items():
         assert train[it][1] == pytest.approx(row[1], rel=2e-5)
+
+
+LLAMA = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
+         "--group-query-attention", "--num-query-groups", "2",
+         "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--ffn-hidden-size", "48"]
+
+
+@pytest.fixture(scope="module")
+def llama_baseline(dataset, tmp_path_factory):
+    save = tmp_path_factory.mktemp("llama") / "ck"
+    train, valid = parse_log(run_train(common(dataset, save) + LLAMA).stdout)
+    assert train[ITERS][1] < train[1][1]
+    return train, valid, read_ours(save)[1]
+
+
+@pytest.mark.parametrize("layout", ["tp2_sp", "pp2_interleaved", "tp2_pp2_dp2_distopt"])
+def test_llama_style_layout_matches_single_process(layout, dataset, llama_baseline, tmp_path):
+    """RMSNorm, SwiGLU ([gate; up] TP shards), RoPE, grouped-query attention (whole groups per TP
+    rank), untied output layer, no biases: the same equivalence."""
+    nproc, extra = LAYOUTS[layout]
+    save = tmp_path / "ck"
+    train, valid = parse_log(run_train(common(dataset, save) + LLAMA + extra, nproc=nproc).stdout)
+    base_train, base_valid, base_weights = llama_baseline
+    for it, row in base_train.items():
+        assert train[it][1] == pytest.approx(row[1], rel=2e-5), f"iteration {it}"
+    for it, loss in base_valid.items():
+        assert valid[it] == pytest.approx(loss, rel=2e-5)
+    _, weights = read_ours(save)
+    for name, want in base_weights[""].items():
+        np.testing.assert_allclose(weights[""][name], want, rtol=1e-3, atol=2e-5, err_msg=name)

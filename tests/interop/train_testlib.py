@@ -28,7 +28,7 @@ TINY = ["--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4"
         "--tokenizer-type", "NullTokenizer", "--vocab-size", "255"]
 
 
-def run_train(args, nproc=None, ok=True, timeout=600, env=None):
+def run_train(args, nproc=None, ok=True, timeout=300, env=None):
     assert TRAIN.exists(), f"{TRAIN} not built"
     cmd = [str(TRAIN), *map(str, args)]
     if nproc:

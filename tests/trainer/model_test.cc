@@ -36,10 +36,19 @@ MicroBatch TinyBatch(int64_t b, int64_t s, int64_t vocab) {
   return mb;
 }
 
-class ModelGradTest : public ::testing::TestWithParam<bool> {};
+// 0: GPT-2 with erf GELU, 1: with tanh GELU, 2: Llama style (RMSNorm, SwiGLU, RoPE, grouped
+// queries, untied output layer, no biases).
+ckpt::ModelConfig ConfigFor(int kind) {
+  if (kind < 2) return TinyConfig(kind == 1);
+  ckpt::ModelConfig c = ckpt::LlamaStyleConfig(2, 16, 24, 4, 2, 37, 8);
+  c.make_vocab_size_divisible_by = 8;
+  return c;
+}
+
+class ModelGradTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(ModelGradTest, AnalyticGradientsMatchFiniteDifferences) {
-  const ckpt::ModelConfig config = TinyConfig(GetParam());
+  const ckpt::ModelConfig config = ConfigFor(GetParam());
   auto layout = ckpt::ModelLayout::Create(config, {1, 1, 1});
   ASSERT_TRUE(layout.ok()) << layout.status();
   auto ops = *CreateOps("cpu");
@@ -80,7 +89,7 @@ TEST_P(ModelGradTest, AnalyticGradientsMatchFiniteDifferences) {
   EXPECT_EQ(checked, 6 * static_cast<int>(params.views().size()));
 }
 
-INSTANTIATE_TEST_SUITE_P(Gelu, ModelGradTest, ::testing::Values(false, true));
+INSTANTIATE_TEST_SUITE_P(Models, ModelGradTest, ::testing::Values(0, 1, 2));
 
 TEST(ModelTest, DropoutChangesTheLossOnlyWhenTraining) {
   const ckpt::ModelConfig config = TinyConfig(false);
@@ -240,7 +249,15 @@ TEST(ArgsTest, InconsistentSettingsAreRefusedWithOneLine) {
   EXPECT_EQ(msg(Check({"--tensor-model-parallel-size", "2"}, 3)),
             "world size 3 is not divisible by TP 2 x PP 1");
   EXPECT_FALSE(Check({"--data-path", "x"}, 1).ok());  // both --mock-data and --data-path
-  EXPECT_FALSE(Check({"--swiglu"}, 1).ok());
+  EXPECT_FALSE(Check({"--bf16"}, 1).ok());
+  EXPECT_TRUE(Check({"--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
+                     "--group-query-attention", "--num-query-groups", "2"},
+                    1)
+                  .ok());
+  EXPECT_EQ(msg(Check({"--group-query-attention", "--num-query-groups", "2",
+                       "--tensor-model-parallel-size", "4"},
+                      4)),
+            "--num-query-groups 2 is not divisible by TP 4");
   EXPECT_FALSE(Check({"--max-position-embeddings", "16"}, 1).ok());
   EXPECT_FALSE(Check({"--lr-decay-style", "WSD"}, 1).ok());
 }

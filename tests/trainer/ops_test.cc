@@ -183,9 +183,11 @@ TEST_F(OpsTest, GeluBothForms) {
 }
 
 // ---------------------------------------------------------------- attention
-Vec AttentionRef(const Vec& qkv, int B, int T, int H, int Dh, const AttentionDropout& drop) {
+Vec AttentionRef(const Vec& qkv, int B, int T, int H, int G, int Dh, const AttentionDropout& drop) {
   Vec out(B * T * H * Dh, 0.0);
-  const int row = H * 3 * Dh;
+  const int per = H / G, row = (H + 2 * G) * Dh;
+  auto q_at = [&](int h) { return (h / per) * (per + 2) * Dh + (h % per) * Dh; };
+  auto k_at = [&](int h) { return (h / per) * (per + 2) * Dh + per * Dh; };
   const double keep_scale = drop.p > 0 ? 1.0 / (1.0 - drop.p) : 1.0;
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < H; ++h)
@@ -195,8 +197,7 @@ Vec AttentionRef(const Vec& qkv, int B, int T, int H, int Dh, const AttentionDro
         for (int j = 0; j <= i; ++j) {
           double d = 0;
           for (int c = 0; c < Dh; ++c)
-            d += qkv[(b * T + i) * row + h * 3 * Dh + c] *
-                 qkv[(b * T + j) * row + h * 3 * Dh + Dh + c];
+            d += qkv[(b * T + i) * row + q_at(h) + c] * qkv[(b * T + j) * row + k_at(h) + c];
           s[j] = d / std::sqrt(static_cast<double>(Dh));
           mx = std::max(mx, s[j]);
         }
@@ -209,28 +210,107 @@ Vec AttentionRef(const Vec& qkv, int B, int T, int H, int Dh, const AttentionDro
             p *= DropoutUniform(drop.seed, drop.first_sample + b, idx) >= drop.p ? keep_scale : 0.0;
           }
           for (int c = 0; c < Dh; ++c)
-            out[(b * T + i) * H * Dh + h * Dh + c] +=
-                p * qkv[(b * T + j) * row + h * 3 * Dh + 2 * Dh + c];
+            out[(b * T + i) * H * Dh + h * Dh + c] += p * qkv[(b * T + j) * row + k_at(h) + Dh + c];
         }
       }
   return out;
 }
 
-TEST_F(OpsTest, CausalAttentionWithAndWithoutDropout) {
-  const int B = 2, T = 5, H = 2, Dh = 4;
-  for (float p : {0.0f, 0.3f}) {
-    AttentionDropout drop{p, 99, 10, 1, 3};
-    auto qkv = Rand(B * T * H * 3 * Dh, 11), r = Rand(B * T * H * Dh, 12);
-    std::vector<float> out(B * T * H * Dh), probs(B * H * T * T), dqkv(qkv.size());
-    ops_->AttentionForward(out.data(), probs.data(), qkv.data(), B, T, H, Dh, drop);
-    ExpectNear(out, AttentionRef(D(qkv), B, T, H, Dh, drop), 1e-5, "attention");
-    ops_->AttentionBackward(dqkv.data(), r.data(), qkv.data(), probs.data(), B, T, H, Dh, drop);
-    const Vec R = D(r);
-    ExpectNear(dqkv,
-               NumGrad([&](const Vec& v) { return Dotted(AttentionRef(v, B, T, H, Dh, drop), R); },
-                       D(qkv)),
-               1e-4, "dqkv");
+TEST_F(OpsTest, CausalAttentionWithAndWithoutDropoutAndGroups) {
+  const int B = 2, T = 5, H = 4, Dh = 4;
+  for (int G : {4, 2, 1}) {
+    for (float p : {0.0f, 0.3f}) {
+      AttentionDropout drop{p, 99, 10, 1, 5};
+      auto qkv = Rand(B * T * (H + 2 * G) * Dh, 11), r = Rand(B * T * H * Dh, 12);
+      std::vector<float> out(B * T * H * Dh), probs(B * H * T * T), dqkv(qkv.size());
+      ops_->AttentionForward(out.data(), probs.data(), qkv.data(), B, T, H, G, Dh, drop);
+      ExpectNear(out, AttentionRef(D(qkv), B, T, H, G, Dh, drop), 1e-5, "attention");
+      ops_->AttentionBackward(dqkv.data(), r.data(), qkv.data(), probs.data(), B, T, H, G, Dh,
+                              drop);
+      const Vec R = D(r);
+      ExpectNear(
+          dqkv,
+          NumGrad([&](const Vec& v) { return Dotted(AttentionRef(v, B, T, H, G, Dh, drop), R); },
+                  D(qkv)),
+          1e-4, "dqkv");
+    }
   }
+}
+
+// ---------------------------------------------------------------- RMSNorm, SwiGLU, RoPE
+TEST_F(OpsTest, RmsNormForwardAndBackward) {
+  const int rows = 4, cols = 11;
+  auto x = Rand(rows * cols, 31, 2.0f), w = Rand(cols, 32), r = Rand(rows * cols, 33);
+  auto ref = [&](const Vec& xv, const Vec& wv) {
+    Vec out(rows * cols);
+    for (int i = 0; i < rows; ++i) {
+      double ss = 0;
+      for (int c = 0; c < cols; ++c) ss += xv[i * cols + c] * xv[i * cols + c];
+      for (int c = 0; c < cols; ++c)
+        out[i * cols + c] = xv[i * cols + c] / std::sqrt(ss / cols + 1e-5) * wv[c];
+    }
+    return out;
+  };
+  std::vector<float> out(rows * cols), rstd(rows), dx(rows * cols, 0.0f), dw(cols, 0.0f);
+  ops_->RmsNormForward(out.data(), rstd.data(), x.data(), w.data(), rows, cols, 1e-5f);
+  ExpectNear(out, ref(D(x), D(w)), 1e-5, "rmsnorm");
+  ops_->RmsNormBackward(dx.data(), dw.data(), r.data(), x.data(), w.data(), rstd.data(), rows,
+                        cols);
+  const Vec R = D(r);
+  ExpectNear(dx, NumGrad([&](const Vec& v) { return Dotted(ref(v, D(w)), R); }, D(x)), 1e-4, "dx");
+  ExpectNear(dw, NumGrad([&](const Vec& v) { return Dotted(ref(D(x), v), R); }, D(w)), 1e-4, "dw");
+}
+
+TEST_F(OpsTest, SwigluForwardAndBackward) {
+  const int rows = 3, width = 7;
+  auto in = Rand(rows * 2 * width, 34, 2.0f), r = Rand(rows * width, 35);
+  auto ref = [&](const Vec& x) {
+    Vec out(rows * width);
+    for (int i = 0; i < rows; ++i)
+      for (int c = 0; c < width; ++c) {
+        const double g = x[i * 2 * width + c], u = x[i * 2 * width + width + c];
+        out[i * width + c] = g / (1 + std::exp(-g)) * u;
+      }
+    return out;
+  };
+  std::vector<float> out(rows * width), din(in.size());
+  ops_->SwigluForward(out.data(), in.data(), rows, width);
+  ExpectNear(out, ref(D(in)), 1e-6, "swiglu");
+  ops_->SwigluBackward(din.data(), r.data(), in.data(), rows, width);
+  const Vec R = D(r);
+  ExpectNear(din, NumGrad([&](const Vec& v) { return Dotted(ref(v), R); }, D(in)), 1e-5, "din");
+}
+
+TEST_F(OpsTest, RopeRotatesQueriesAndKeysAndItsInverseIsTheBackward) {
+  const int B = 2, T = 6, H = 4, G = 2, Dh = 8;
+  const double base = 10000.0;
+  auto qkv = Rand(B * T * (H + 2 * G) * Dh, 36);
+  auto ref = [&](const Vec& x) {  // rotate-half on q of every head and k of every group
+    Vec out = x;
+    const int per = H / G, row = (H + 2 * G) * Dh;
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < T; ++t)
+        for (int g = 0; g < G; ++g)
+          for (int slot = 0; slot <= per; ++slot) {  // per query heads, then the key
+            const int off = (b * T + t) * row + g * (per + 2) * Dh + slot * Dh;
+            for (int i = 0; i < Dh / 2; ++i) {
+              const double a = t * std::pow(base, -2.0 * i / Dh);
+              const double x1 = x[off + i], x2 = x[off + i + Dh / 2];
+              out[off + i] = x1 * std::cos(a) - x2 * std::sin(a);
+              out[off + i + Dh / 2] = x2 * std::cos(a) + x1 * std::sin(a);
+            }
+          }
+    return out;
+  };
+  auto y = qkv;
+  ops_->Rope(y.data(), B, T, H, G, Dh, base, false);
+  ExpectNear(y, ref(D(qkv)), 1e-5, "rope");
+  // The backward of a linear map is its transpose: <rope(x), r> == <x, rope⁻¹(r)>.
+  auto r = Rand(qkv.size(), 37);
+  auto back = r;
+  ops_->Rope(back.data(), B, T, H, G, Dh, base, true);
+  const Vec R = D(r);
+  ExpectNear(back, NumGrad([&](const Vec& v) { return Dotted(ref(v), R); }, D(qkv)), 1e-5, "drope");
 }
 
 // ---------------------------------------------------------------- dropout
