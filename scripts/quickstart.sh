@@ -50,5 +50,50 @@ show "$BIN/inspect" dataset "$WORK/data/all"
   "${VOCAB[@]}" >"$WORK/.show"
 sed -n '/^train samples/,$p' "$WORK/.show" | cut -c1-300
 
+# A small GPT-2-style model; the CPU backend runs it in a few minutes on 2 cores.
+MODEL=(--num-layers 4 --hidden-size 128 --num-attention-heads 4 --seq-length 64 --openai-gelu
+  --micro-batch-size 2 --global-batch-size 8 --lr 1e-3 --min-lr 1e-4 --lr-warmup-iters 20
+  --lr-decay-style cosine --lr-decay-iters 250 --data-path "$WORK/data/english_text_document"
+  --split 98,2,0 "${VOCAB[@]}" --log-interval 10 --eval-interval 50 --eval-iters 4)
+rm -rf "$WORK/ckpt_tp2" "$WORK/ckpt_pp2" "$WORK/hf"
+
+step "5. Train 200 steps with tensor + sequence parallelism (2 processes, TP 2), saving at 100 and 200"
+"$BIN/train" --nproc-per-node 2 --tensor-model-parallel-size 2 --sequence-parallel "${MODEL[@]}" \
+  --train-iters 200 --save "$WORK/ckpt_tp2" --save-interval 100 2>&1 | tee "$WORK/train_tp2.log" \
+  | grep -E "building|iteration +(10|100|200)/|validation loss at|saved checkpoint|\[Rank"
+
+step "6. Reshard the checkpoint from TP 2 to PP 2 (optimizer state included)"
+"$BIN/reshard_checkpoint" --load "$WORK/ckpt_tp2" --save "$WORK/ckpt_pp2" --target-tp 1 --target-pp 2
+show "$BIN/inspect" checkpoint "$WORK/ckpt_pp2"
+
+step "7. Resume from it with pipeline parallelism (2 stages, 1F1B) to step 250"
+"$BIN/train" --nproc-per-node 2 --pipeline-model-parallel-size 2 "${MODEL[@]}" \
+  --train-iters 250 --load "$WORK/ckpt_pp2" --save "$WORK/ckpt_pp2" --save-interval 250 2>&1 \
+  | tee "$WORK/train_pp2.log" | grep -E "loaded|iteration +(210|250)/|validation loss at|saved checkpoint|\[Rank"
+
+step "8. Export to HuggingFace (GPT2LMHeadModel, safetensors, true vocabulary size)"
+mkdir -p "$WORK/hf_tokenizer"
+cp "$LEANTRON_VOCAB_DIR/encoder.json" "$WORK/hf_tokenizer/vocab.json"
+cp "$LEANTRON_VOCAB_DIR/vocab.bpe" "$WORK/hf_tokenizer/merges.txt"
+"$BIN/convert_hf" --to-hf --load "$WORK/ckpt_pp2" --save "$WORK/hf" --copy-tokenizer-files \
+  --tokenizer-dir "$WORK/hf_tokenizer"
+ls -la "$WORK/hf"
+python3 -c "import json,sys; c=json.load(open(sys.argv[1])); print({k: c[k] for k in ('architectures','n_layer','n_embd','n_head','vocab_size','activation_function')})" "$WORK/hf/config.json"
+
+step "9. The loss curve (train: every 10 steps; TP 2 for 1-200, resumed under PP 2 for 201-250)"
+python3 - "$WORK/train_tp2.log" "$WORK/train_pp2.log" <<'PY'
+import re, sys
+points = []
+for path in sys.argv[1:]:
+    for line in open(path):
+        m = re.search(r"iteration +(\d+)/.*\| lm loss: (\S+) \|", line)
+        if m:
+            points.append((int(m.group(1)), float(m.group(2))))
+top = max(l for _, l in points)
+for it, loss in points:
+    if it % 20 == 0 or it > 200:
+        print(f"{it:5d}  {loss:7.3f}  " + "#" * int(60 * loss / top))
+PY
+
 echo
 echo "quickstart: done (outputs in $WORK)"
