@@ -1,6 +1,9 @@
 #include "libdata/indexed_dataset.h"
 
+#include <cmath>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,15 +11,25 @@
 namespace leantron::data {
 namespace {
 
+// Appends n values of type T as int64 tokens. Returns the index of the first value that is no
+// token (a float that is not an integer within int64's range), or -1 when all are.
 template <typename T>
-void AppendConverted(const uint8_t* p, int64_t n, std::vector<int64_t>* out) {
+int64_t AppendConverted(const uint8_t* p, int64_t n, std::vector<int64_t>* out) {
   const size_t old = out->size();
   out->resize(old + static_cast<size_t>(n));
   for (int64_t k = 0; k < n; ++k) {
     T v;
     std::memcpy(&v, p + k * sizeof(T), sizeof(T));
+    if constexpr (std::is_floating_point_v<T>) {
+      // 2^63 is exact in both float types; NaN fails both comparisons.
+      if (!(v >= T(-9223372036854775808.0) && v < T(9223372036854775808.0)) || v != std::trunc(v)) {
+        out->resize(old);
+        return k;
+      }
+    }
     (*out)[old + static_cast<size_t>(k)] = static_cast<int64_t>(v);
   }
+  return -1;
 }
 
 absl::Status Corrupt(const std::string& path, absl::string_view what) {
@@ -186,31 +199,37 @@ absl::Status IndexedDataset::ReadTokens(int64_t i, int64_t offset, int64_t lengt
                                               ") of sequence ", i, " (length ", len, ")"));
   }
   const uint8_t* p = bin_.data() + sequence_pointer(i) + offset * static_cast<int64_t>(item_size());
+  int64_t bad = -1;
   switch (dtype_) {
     case DType::kUInt8:
-      AppendConverted<uint8_t>(p, length, out);
+      bad = AppendConverted<uint8_t>(p, length, out);
       break;
     case DType::kInt8:
-      AppendConverted<int8_t>(p, length, out);
+      bad = AppendConverted<int8_t>(p, length, out);
       break;
     case DType::kInt16:
-      AppendConverted<int16_t>(p, length, out);
+      bad = AppendConverted<int16_t>(p, length, out);
       break;
     case DType::kInt32:
-      AppendConverted<int32_t>(p, length, out);
+      bad = AppendConverted<int32_t>(p, length, out);
       break;
     case DType::kInt64:
-      AppendConverted<int64_t>(p, length, out);
+      bad = AppendConverted<int64_t>(p, length, out);
       break;
     case DType::kFloat64:
-      AppendConverted<double>(p, length, out);
+      bad = AppendConverted<double>(p, length, out);
       break;
     case DType::kFloat32:
-      AppendConverted<float>(p, length, out);
+      bad = AppendConverted<float>(p, length, out);
       break;
     case DType::kUInt16:
-      AppendConverted<uint16_t>(p, length, out);
+      bad = AppendConverted<uint16_t>(p, length, out);
       break;
+  }
+  if (bad >= 0) {
+    return Corrupt(prefix_ + ".bin",
+                   absl::StrCat("sequence ", i, " token ", offset + bad,
+                                ": floating-point value is not an integer token"));
   }
   return absl::OkStatus();
 }

@@ -35,7 +35,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<int64_t> tokens;
   for (int64_t i = 0; i < ds->num_sequences(); ++i) {
     tokens.clear();
-    if (!ds->ReadTokens(i, &tokens).ok()) __builtin_trap();
+    // Floating-point files may hold values that are no token: an error, never a crash.
+    const bool floating = ds->dtype() == leantron::data::DType::kFloat32 ||
+                          ds->dtype() == leantron::data::DType::kFloat64;
+    if (!ds->ReadTokens(i, &tokens).ok() && !floating) __builtin_trap();
   }
   for (int64_t d = 0; d <= ds->num_documents(); ++d) (void)ds->document_index(d);
   return 0;

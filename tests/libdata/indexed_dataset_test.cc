@@ -292,5 +292,30 @@ TEST(IndexedDataset, ReadTokensChecksBounds) {
   EXPECT_FALSE(ds->ReadTokens(-1, 0, 1, &out).ok());
 }
 
+TEST(IndexedDataset, FloatingPointValuesThatAreNoTokensAreErrors) {
+  // A .bin of f64 values written by something else: 3.0 is a token, 2.5 and 1e300 are not.
+  ScratchDir dir;
+  const std::string prefix = dir / "f";
+  auto builder = IndexedDatasetBuilder::Create(prefix, DType::kFloat64);
+  ASSERT_TRUE(builder.ok());
+  const std::vector<int64_t> t = {3, 4, 5};
+  ASSERT_TRUE((*builder)->AddItem(absl::MakeConstSpan(t)).ok());
+  ASSERT_TRUE((*builder)->EndDocument().ok());
+  ASSERT_TRUE((*builder)->Finalize().ok());
+  std::string bin = ReadAll(prefix + ".bin");
+  const double values[3] = {3.0, 2.5, 1e300};
+  std::memcpy(bin.data(), values, sizeof(values));
+  WriteAll(prefix + ".bin", bin);
+  auto ds = IndexedDataset::Open(prefix);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  std::vector<int64_t> out;
+  EXPECT_TRUE(ds->ReadTokens(0, 0, 1, &out).ok());
+  EXPECT_EQ(out, (std::vector<int64_t>{3}));
+  const absl::Status st = ds->ReadTokens(0, &out);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("sequence 0 token 1"), std::string::npos) << st;
+  EXPECT_EQ(out, (std::vector<int64_t>{3})) << "nothing appended on error";
+}
+
 }  // namespace
 }  // namespace leantron::data
