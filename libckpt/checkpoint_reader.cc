@@ -124,7 +124,13 @@ absl::Status CheckpointReader::ReadFull(const ParamSpec& target, TensorKind kind
     const SafetensorsFile& file = shard_file(tp, source->stage, optimizer);
     auto view = file.Get(stored);
     if (!view.ok()) return view.status();
-    layout_.InsertShard(*source, tp, element_size, view->data, merged);
+    // Source pages are dropped as the copy passes them: the mapped shard never adds a whole
+    // tensor to the resident set next to `merged`.
+    size_t released = 0;
+    layout_.InsertShard(*source, tp, element_size, view->data, merged, [&](size_t consumed) {
+      file.Release({view->info, view->data.subspan(released, consumed - released)});
+      released = consumed;
+    });
     file.Release(*view);
     // Replicated tensors are equal on every TP rank; rank 0's copy is the one kept.
     if (source->split == TpSplit::kReplicated) break;

@@ -1,5 +1,6 @@
 #include "libckpt/layout.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_format.h"
@@ -223,9 +224,24 @@ void ModelLayout::ExtractShard(const ParamSpec& spec, int tp_rank, size_t elemen
 }
 
 void ModelLayout::InsertShard(const ParamSpec& spec, int tp_rank, size_t element_size,
-                              std::span<const std::byte> shard, std::span<std::byte> full) const {
+                              std::span<const std::byte> shard, std::span<std::byte> full,
+                              const std::function<void(size_t)>& consumed) const {
+  // Runs come in shard order, each starting where the previous one ended.
+  size_t reported = 0;
   ForEachRun(*this, spec, tp_rank, element_size, [&](size_t full_at, size_t shard_at, size_t n) {
-    std::memcpy(full.data() + full_at, shard.data() + shard_at, n);
+    if (!consumed) {
+      std::memcpy(full.data() + full_at, shard.data() + shard_at, n);
+      return;
+    }
+    for (size_t done = 0; done < n;) {
+      const size_t step = std::min(n - done, kInsertStep);
+      std::memcpy(full.data() + full_at + done, shard.data() + shard_at + done, step);
+      done += step;
+      if (shard_at + done - reported >= kInsertStep) {
+        reported = shard_at + done;
+        consumed(reported);
+      }
+    }
   });
 }
 

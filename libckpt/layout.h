@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -81,8 +82,13 @@ class ModelLayout {
   // Copies rank `tp_rank`'s shard out of / into a full tensor of `spec.shape`.
   void ExtractShard(const ParamSpec& spec, int tp_rank, size_t element_size,
                     std::span<const std::byte> full, std::span<std::byte> shard) const;
+  // InsertShard reads `shard` front to back; when given, `consumed(n)` is called as it goes (each
+  // time at least kInsertStep more bytes are done) with the length of the prefix of `shard` it no
+  // longer needs, so a caller reading from a mapping can release those pages before the copy ends.
+  static constexpr size_t kInsertStep = size_t{32} << 20;
   void InsertShard(const ParamSpec& spec, int tp_rank, size_t element_size,
-                   std::span<const std::byte> shard, std::span<std::byte> full) const;
+                   std::span<const std::byte> shard, std::span<std::byte> full,
+                   const std::function<void(size_t)>& consumed = {}) const;
 
   // The shard of `tp_rank` as a view into `full` when it is one contiguous run of it (dim-0
   // splits, replicated tensors); empty otherwise. Lets writers skip a copy.

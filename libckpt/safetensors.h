@@ -69,8 +69,10 @@ class SafetensorsFile {
   const TensorInfo* Find(std::string_view name) const;
   // NotFound names the file and the tensor.
   absl::StatusOr<TensorView> Get(std::string_view name) const;
-  // Drops the pages behind a view from this process's resident set once it has been consumed, so
-  // streaming through a large file keeps memory bounded by the tensors in flight.
+  // Drops the pages behind a view (rounded out to 64 KiB, the kernel's fault-around window) from
+  // this process's resident set once it has been consumed, so streaming through a large file
+  // keeps memory bounded by the tensors in flight. Never loses data: the mapping is read-only,
+  // and a page dropped under another live view is faulted in again when that view is read.
   void Release(const TensorView& view) const;
 
  private:

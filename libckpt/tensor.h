@@ -21,7 +21,10 @@ struct Tensor {
     shape = std::move(new_shape);
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
-    data.assign(static_cast<size_t>(n) * DTypeSize(dtype), std::byte{0});
+    const size_t bytes = static_cast<size_t>(n) * DTypeSize(dtype);
+    // Growing through assign() would hold the old and the new buffer at once.
+    if (bytes > data.capacity()) std::vector<std::byte>().swap(data);
+    data.assign(bytes, std::byte{0});
   }
   std::span<const std::byte> bytes() const { return data; }
   std::span<std::byte> mutable_bytes() { return data; }
