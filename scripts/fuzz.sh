@@ -4,6 +4,9 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SECONDS_EACH="${FUZZ_SECONDS:-300}"
+# FUZZ_SEED fixes libFuzzer's seed (scripts/test.sh does, so CI runs repeat); unset: random.
+SEED_ARG=()
+[[ -n "${FUZZ_SEED:-}" ]] && SEED_ARG=(-seed="$FUZZ_SEED")
 BUILD="${FUZZ_BUILD_DIR:-$ROOT/build-fuzz}"
 CLANG="$(command -v clang++-14 || command -v clang++)"
 if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
@@ -17,7 +20,7 @@ for t in $targets; do
   cp -r "$ROOT/tests/fuzz/corpus/$t/." "$corpus/" 2>/dev/null || true
   echo "fuzz: $t for ${SECONDS_EACH}s"
   log="$corpus.log"
-  if ! "$BUILD/bin/$t" -max_total_time="$SECONDS_EACH" -max_len=65536 -print_final_stats=1 \
+  if ! "$BUILD/bin/$t" -max_total_time="$SECONDS_EACH" -max_len=65536 -print_final_stats=1 "${SEED_ARG[@]}" \
       "$corpus" >"$log" 2>&1; then
     tail -n 60 "$log" >&2
     echo "fuzz: $t found a failure (reproducer saved in the working directory)" >&2

@@ -8,4 +8,4 @@ bash scripts/setup.sh
 export LEANTRON_VOCAB_DIR="${LEANTRON_VOCAB_DIR:-$ROOT/.cache/gpt2}"
 bash scripts/get_gpt2_vocab.sh >/dev/null
 ctest --test-dir "${BUILD_DIR:-$ROOT/build}" --output-on-failure -j"$(nproc)"
-FUZZ_SECONDS="${FUZZ_SECONDS:-20}" bash scripts/fuzz.sh
+FUZZ_SECONDS="${FUZZ_SECONDS:-20}" FUZZ_SEED="${FUZZ_SEED:-1}" bash scripts/fuzz.sh
