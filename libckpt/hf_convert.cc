@@ -238,6 +238,14 @@ absl::Status ExportHfCheckpoint(const std::string& load_dir, const std::string& 
     if (args["hf_eos_token_id"].get(e) == simdjson::SUCCESS)
       info.eos_token_id_json = simdjson::minify(e);
   }
+  // A checkpoint that did not come from HF (trained here) has no ids to carry over. For GPT-2
+  // the end-of-document token is the last id (50256 of 50257; NullTokenizer's EOD likewise);
+  // without this, transformers would assume 50256 whatever the vocabulary.
+  if (info.architecture == HfArchitecture::kGpt2 && info.config.vocab_size > 0) {
+    const std::string eod = Cat(info.config.vocab_size - 1);
+    if (info.bos_token_id_json.empty()) info.bos_token_id_json = eod;
+    if (info.eos_token_id_json.empty()) info.eos_token_id_json = eod;
+  }
   if (auto s = WriteFileAtomically((fs::path(hf_dir) / "config.json").string(), HfConfigJson(info));
       !s.ok()) {
     return s;
