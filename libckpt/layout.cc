@@ -92,35 +92,20 @@ absl::StatusOr<ModelLayout> ModelLayout::Create(const ModelConfig& config,
     add("mlp.linear_fc2.weight", {h, c.ffn_hidden_size}, TpSplit::kColumns);
     if (c.add_bias_linear) add("mlp.linear_fc2.bias", {h}, TpSplit::kReplicated);
   }
-  layout.AddParam({"decoder.final_layernorm.weight",
-                   {h},
-                   TpSplit::kReplicated,
-                   -1,
-                   last_stage,
-                   last_chunk,
-                   ""});
-  if (norm_bias) {
-    layout.AddParam({"decoder.final_layernorm.bias",
-                     {h},
-                     TpSplit::kReplicated,
-                     -1,
-                     last_stage,
-                     last_chunk,
-                     ""});
-  }
+  // Parameters of the last stage outside the layers; `tied_to` names the parameter a copy mirrors.
+  auto add_last = [&](const std::string& name, std::vector<int64_t> shape, TpSplit split,
+                      const std::string& tied_to = "") {
+    layout.AddParam({name, std::move(shape), split, -1, last_stage, last_chunk, tied_to});
+  };
+  add_last("decoder.final_layernorm.weight", {h}, TpSplit::kReplicated);
+  if (norm_bias) add_last("decoder.final_layernorm.bias", {h}, TpSplit::kReplicated);
   if (c.untie_embeddings_and_output_weights) {
-    layout.AddParam(
-        {"output_layer.weight", {vpad, h}, TpSplit::kVocabRows, -1, last_stage, last_chunk, ""});
+    add_last("output_layer.weight", {vpad, h}, TpSplit::kVocabRows);
   } else if (p.pp > 1) {
     // Megatron keeps a copy of the tied embedding on the last stage (its gradients are all-reduced
     // with the first stage's, so the two stay equal).
-    layout.AddParam({"output_layer.weight",
-                     {vpad, h},
-                     TpSplit::kVocabRows,
-                     -1,
-                     last_stage,
-                     last_chunk,
-                     "embedding.word_embeddings.weight"});
+    add_last("output_layer.weight", {vpad, h}, TpSplit::kVocabRows,
+             "embedding.word_embeddings.weight");
   }
   return layout;
 }

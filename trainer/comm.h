@@ -70,6 +70,9 @@ struct ProcessGroups {
   std::unique_ptr<Communicator> embedding;
 };
 
+// Groups of a one-process run: every communicator is the process itself.
+ProcessGroups SingleProcessGroups();
+
 // How this process finds the others: read from the launcher's environment.
 struct LaunchInfo {
   int rank = 0;

@@ -188,6 +188,16 @@ std::unique_ptr<Communicator> MakeTimedCommunicator(std::unique_ptr<Communicator
   return std::make_unique<TimedCommunicator>(std::move(inner), seconds);
 }
 
+ProcessGroups SingleProcessGroups() {
+  ProcessGroups g;
+  g.world = MakeSelfCommunicator();
+  g.tp = MakeSelfCommunicator();
+  g.dp = MakeSelfCommunicator();
+  g.pp = MakeSelfCommunicator();
+  g.model = MakeSelfCommunicator();
+  return g;
+}
+
 std::unique_ptr<Communicator> MakeSelfCommunicator() {
   return std::make_unique<SelfCommunicator>();
 }
@@ -236,14 +246,7 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(const LaunchInfo& launch,
                                                    sizes.tp, " x PP ", sizes.pp, " x DP ",
                                                    sizes.dp));
   }
-  if (sizes.world() == 1) {
-    g.world = MakeSelfCommunicator();
-    g.tp = MakeSelfCommunicator();
-    g.dp = MakeSelfCommunicator();
-    g.pp = MakeSelfCommunicator();
-    g.model = MakeSelfCommunicator();
-    return g;
-  }
+  if (sizes.world() == 1) return SingleProcessGroups();
   try {
     const auto timeout = std::chrono::seconds(EnvInt("LEANTRON_COMM_TIMEOUT_S", 600));
     // Rendezvous: a directory every rank sees (train --nproc-per-node makes one), else a TCP

@@ -122,31 +122,20 @@ def test_trained_checkpoint_exports_to_huggingface(tmp_path):
     """Train with TP2 x PP2, export with convert_hf --to-hf, and the HF GPT-2 (numpy float64,
     transformers' layout: Conv1D weights, fused c_attn) gives the final validation loss."""
     import json
-    import subprocess
 
     from ckpt_testlib import gpt2_forward_hf, read_hf
-    from train_testlib import BIN
-    seed, seq, vocab, gbs = 1234, 32, 256, 4
-    proc = run_train(TINY + ["--mock-data", "--openai-gelu", "--micro-batch-size", "1",
-                             "--global-batch-size", gbs, "--train-iters", "6", "--lr", "3e-3",
-                             "--log-interval", "1", "--eval-interval", "6", "--eval-iters", "1",
-                             "--tensor-model-parallel-size", "2",
-                             "--pipeline-model-parallel-size", "2", "--save", tmp_path / "ck",
-                             "--seed", seed], nproc=4)
-    _, valid = parse_log(proc.stdout)
-    subprocess.run([str(BIN / "convert_hf"), "--to-hf", "--load", str(tmp_path / "ck"),
-                    "--save", str(tmp_path / "hf")], check=True, capture_output=True)
+    from train_testlib import export_validation_samples, train_tp2pp2_and_export_hf
+    valid_loss = train_tp2pp2_and_export_hf(tmp_path)
     cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert cfg["activation_function"] == "gelu_new"
     t = read_hf(tmp_path / "hf")
     losses = []
-    for i in range(gbs):  # the validation split's first samples (mock numbering)
-        text = mock_sample(i + 1000003, seed, vocab, seq)
+    for text in export_validation_samples():
         logits = gpt2_forward_hf(t, cfg, text[:-1])
         mx = logits.max(-1, keepdims=True)
         lse = mx[:, 0] + np.log(np.exp(logits - mx).sum(-1))
-        losses.append(np.mean(lse - logits[np.arange(seq), text[1:]]))
-    assert valid[6] == pytest.approx(np.mean(losses), rel=5e-6)
+        losses.append(np.mean(lse - logits[np.arange(len(text) - 1), text[1:]]))
+    assert valid_loss == pytest.approx(np.mean(losses), rel=5e-6)
 
 
 def test_log_line_is_megatrons():

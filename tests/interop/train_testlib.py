@@ -47,6 +47,32 @@ def parse_log(stdout):
     return train, valid
 
 
+# Settings of the TP 2 x PP 2 model that the HF-export tests train, and where its validation
+# samples are (the mock dataset numbers validation samples from 1000003).
+EXPORT_SEED, EXPORT_SEQ, EXPORT_VOCAB, EXPORT_GBS = 1234, 32, 256, 4
+EXPORT_FIRST_VALID_SAMPLE = 1000003
+
+
+def train_tp2pp2_and_export_hf(tmp_path):
+    """Trains the tiny GPT-2 for 6 iterations with TP 2 x PP 2 (4 processes), exports the
+    checkpoint with convert_hf --to-hf to tmp_path/"hf", and returns the validation loss at 6."""
+    proc = run_train(TINY + ["--mock-data", "--openai-gelu", "--micro-batch-size", "1",
+                             "--global-batch-size", EXPORT_GBS, "--train-iters", "6", "--lr",
+                             "3e-3", "--log-interval", "1", "--eval-interval", "6",
+                             "--eval-iters", "1", "--tensor-model-parallel-size", "2",
+                             "--pipeline-model-parallel-size", "2", "--save", tmp_path / "ck",
+                             "--seed", EXPORT_SEED], nproc=4)
+    _, valid = parse_log(proc.stdout)
+    subprocess.run([str(BIN / "convert_hf"), "--to-hf", "--load", str(tmp_path / "ck"),
+                    "--save", str(tmp_path / "hf")], check=True, capture_output=True)
+    return valid[6]
+
+
+def export_validation_samples():
+    return [mock_sample(EXPORT_FIRST_VALID_SAMPLE + i, EXPORT_SEED, EXPORT_VOCAB, EXPORT_SEQ)
+            for i in range(EXPORT_GBS)]
+
+
 def licence_dataset(prefix):
     """Byte tokens (clipped to 0..254) of the licence texts, one document per paragraph."""
     builder = NumpyIndexedDatasetBuilder(str(prefix), np.uint16)

@@ -146,21 +146,11 @@ TEST(ParamStoreTest, InitialisationIsLayoutIndependentAndMegatronLike) {
   EXPECT_TRUE(shard.Find("decoder.layers.0.mlp.linear_fc1.weight")->count_in_norm);
 }
 
-ProcessGroups SelfGroups() {
-  ProcessGroups g;
-  g.world = MakeSelfCommunicator();
-  g.tp = MakeSelfCommunicator();
-  g.dp = MakeSelfCommunicator();
-  g.pp = MakeSelfCommunicator();
-  g.model = MakeSelfCommunicator();
-  return g;
-}
-
 TEST(OptimizerTest, NonFiniteGradientsSkipTheStepAndNormsAndDecayAreMegatrons) {
   const ckpt::ModelConfig config = TinyConfig(false);
   auto layout = ckpt::ModelLayout::Create(config, {1, 1, 1});
   auto ops = *CreateOps("cpu");
-  ProcessGroups groups = SelfGroups();
+  ProcessGroups groups = SingleProcessGroups();
   ParamStore params(ops.get(), *layout, 0, 0, false);
   params.Initialize(3, 0.02);
   OptimizerOptions oo;
