@@ -20,6 +20,11 @@ fi
 PYTHON="${PYTHON:-python3}"
 "$PYTHON" -m pip install -q --disable-pip-version-check -r scripts/requirements-test.txt
 
+# The CUDA backend's attention uses cudnn-frontend's headers (only needed when nvcc is there).
+if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  bash scripts/get_cudnn_frontend.sh
+fi
+
 BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
 GENERATOR=()
 command -v ninja >/dev/null && GENERATOR=(-G Ninja)

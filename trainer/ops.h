@@ -147,8 +147,13 @@ class Ops {
                          float weight_decay, int64_t step) = 0;
 };
 
-// "cpu" is the float32 reference backend.
+// "cpu" is the float32 reference backend; "cuda" (builds with a CUDA toolkit) runs the same
+// float32 semantics on the current GPU (trainer/cuda/ops_cuda.cc).
 absl::StatusOr<std::unique_ptr<Ops>> CreateOps(const std::string& backend);
+#ifdef LEANTRON_HAVE_CUDA
+// Fails when no CUDA device is usable.
+absl::StatusOr<std::unique_ptr<Ops>> CreateCudaOps();
+#endif
 
 // Counter-based randomness shared by all backends.
 inline uint64_t SplitMix64(uint64_t x) {

@@ -497,7 +497,15 @@ class CpuOps final : public Ops {
 
 absl::StatusOr<std::unique_ptr<Ops>> CreateOps(const std::string& backend) {
   if (backend == "cpu") return std::make_unique<CpuOps>();
-  return absl::InvalidArgumentError("unknown ops backend '" + backend + "' (this build has: cpu)");
+#ifdef LEANTRON_HAVE_CUDA
+  if (backend == "cuda") return CreateCudaOps();
+  return absl::InvalidArgumentError("unknown ops backend '" + backend +
+                                    "' (this build has: cpu, cuda)");
+#else
+  return absl::InvalidArgumentError("unknown ops backend '" + backend +
+                                    "' (this build has: cpu; cuda needs a CUDA toolkit at build "
+                                    "time)");
+#endif
 }
 
 }  // namespace leantron::trainer
