@@ -25,6 +25,7 @@ mkdir -p "$stage/bin" "$stage/lib" "$stage/data" "$OUT"
 system='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|librt\.|libpthread\.|libgcc_s\.|libstdc\+\+\.|libcuda\.|libcudart\.|libcublas|libcublasLt\.|libcudnn|libnccl\.|libnvrtc|libz\.)'
 for p in "${programs[@]}"; do
   cp "$BIN/$p" "$stage/bin/"
+  strip --strip-debug "$stage/bin/$p"  # debug info would dominate the 64 MiB a device call carries
   ldd "$BIN/$p" | awk '$3 ~ /^\// {print $1, $3}' | while read -r name path; do
     [[ "$name" =~ $system ]] || cp -Ln "$path" "$stage/lib/$name"
   done

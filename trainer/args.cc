@@ -103,7 +103,12 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
                  "Write TensorBoard scalar events (loss, learning rate, grad norm, ...) here");
   app.add_option("--tensorboard-log-interval", a->tensorboard_log_interval,
                  "Write TensorBoard scalars every N iterations (default 1)");
-  app.add_option("--ops-backend", a->backend, "Ops backend (cpu)");
+  app.add_option("--ops-backend", a->backend,
+                 "cpu (float32 reference) or cuda; default cuda with --bf16, else cpu");
+  app.add_flag("--bf16", a->bf16,
+               "bf16 compute with fp32 main weights and gradients (cuda backend)");
+  app.add_flag("--recompute-gelu", a->recompute_gelu,
+               "bf16 model: keep GELU's input only and recompute its output in the backward");
   app.add_option("--normalization", a->normalization, "LayerNorm or RMSNorm");
   app.add_option("--position-embedding-type", a->position_embedding_type,
                  "learned_absolute or rope");
@@ -117,15 +122,14 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
   app.add_flag("--add-qkv-bias", a->add_qkv_bias, "QKV bias even with --disable-bias-linear");
   // Known, not implemented.
   TrainArgs::Unsupported& u = a->unsupported;
-  app.add_flag("--bf16", u.bf16, "(not implemented on the cpu backend)");
-  app.add_flag("--fp16", u.fp16, "(not implemented on the cpu backend)");
+  app.add_flag("--fp16", u.fp16, "(not implemented: use --bf16)");
   app.add_option("--context-parallel-size", u.context_parallel_size, "1 (CP not implemented)");
 }
 
 absl::Status ValidateTrainArgs(TrainArgs* a) {
   auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
   const TrainArgs::Unsupported& u = a->unsupported;
-  if (u.bf16 || u.fp16) return bad("--bf16/--fp16 are not implemented on the cpu backend");
+  if (u.fp16) return bad("--fp16 is not implemented (loss scaling); use --bf16");
   if (u.context_parallel_size != 1) return bad("context parallelism is not implemented yet");
   if (a->normalization != "LayerNorm" && a->normalization != "RMSNorm")
     return bad("--normalization must be LayerNorm or RMSNorm, not ", a->normalization);
@@ -227,7 +231,20 @@ absl::Status ValidateTrainArgs(TrainArgs* a) {
   if (a->save_interval > 0 && a->save.empty()) return bad("--save-interval needs --save");
   if (a->log_interval <= 0 || a->eval_interval <= 0 || a->eval_iters < 0)
     return bad("--log-interval and --eval-interval must be positive, --eval-iters not negative");
-  if (a->backend != "cpu") return bad("--ops-backend ", a->backend, " is not in this build (cpu)");
+  if (a->backend.empty()) a->backend = a->bf16 ? "cuda" : "cpu";
+#ifdef LEANTRON_HAVE_CUDA
+  if (a->backend != "cpu" && a->backend != "cuda")
+    return bad("--ops-backend must be cpu or cuda, not ", a->backend);
+  if (a->backend == "cuda" && a->world_size > 1)
+    return bad(
+        "the cuda backend runs one process for now (multi-GPU needs the NCCL backend); "
+        "world size is ",
+        a->world_size);
+#else
+  if (a->backend != "cpu")
+    return bad("--ops-backend ", a->backend, " is not in this build (cpu; built without CUDA)");
+#endif
+  if (a->bf16 && a->backend != "cuda") return bad("--bf16 needs --ops-backend cuda");
   return absl::OkStatus();
 }
 

@@ -64,11 +64,14 @@ struct TrainArgs {
   bool log_throughput = false;
   std::string tensorboard_dir;
   int64_t tensorboard_log_interval = 1;
-  std::string backend = "cpu";
+  // "cpu" or "cuda"; empty = cuda with --bf16, else cpu.
+  std::string backend;
+  bool bf16 = false;            // bf16 compute, fp32 main weights (cuda backend)
+  bool recompute_gelu = false;  // bf16 model: rebuild GELU's output in the backward
   // Megatron flags this trainer knows but does not implement yet: parsed so the user gets a
   // sentence saying so instead of "unknown option".
   struct Unsupported {
-    bool bf16 = false, fp16 = false;
+    bool fp16 = false;
     int context_parallel_size = 1;
   } unsupported;
 

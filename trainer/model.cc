@@ -183,7 +183,7 @@ GptModel::LayerActs GptModel::MakeLayerActs() {
 HiddenDropout GptModel::HiddenDrop(const MicroBatch& mb, int layer, int site) const {
   HiddenDropout d;
   d.p = mb.training ? opt_.hidden_dropout : 0.0f;
-  d.seed = SplitMix64(opt_.seed ^ SplitMix64(static_cast<uint64_t>(layer + 1) * 8 + site));
+  d.seed = DropoutSiteSeed(opt_.seed, layer, site);
   d.first_sample = mb.first_sample;
   d.seq_length = opt_.seq_length;
   d.row_offset = opt_.sequence_parallel ? tp_rank_ * rows_local_ : 0;
@@ -193,7 +193,7 @@ HiddenDropout GptModel::HiddenDrop(const MicroBatch& mb, int layer, int site) co
 AttentionDropout GptModel::AttnDrop(const MicroBatch& mb, int layer) const {
   AttentionDropout d;
   d.p = mb.training ? opt_.attention_dropout : 0.0f;
-  d.seed = SplitMix64(opt_.seed ^ SplitMix64(static_cast<uint64_t>(layer + 1) * 8 + 3));
+  d.seed = DropoutSiteSeed(opt_.seed, layer, 3);
   d.first_sample = mb.first_sample;
   d.head_offset = tp_rank_ * heads_local_;
   d.total_heads = total_heads_;

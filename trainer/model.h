@@ -16,6 +16,7 @@
 #include "trainer/comm.h"
 #include "trainer/ops.h"
 #include "trainer/params.h"
+#include "trainer/stage_model.h"
 
 namespace leantron::trainer {
 
@@ -34,14 +35,7 @@ struct ModelOptions {
   bool recompute_attention = false;
 };
 
-struct MicroBatch {
-  std::vector<int32_t> tokens;  // [micro_batch · seq_length]
-  std::vector<int32_t> labels;  // same shape; −1 = no loss (padding)
-  int64_t first_sample = 0;     // global index of its first sample (dropout masks)
-  bool training = true;         // dropout only when training
-};
-
-class GptModel {
+class GptModel : public StageModel {
  public:
   // `virtual_chunk`: which of this stage's model chunks (interleaved schedule; 0 otherwise).
   GptModel(Ops* ops, const ckpt::ModelLayout& layout, Communicator* tp, ParamStore* params,
@@ -50,28 +44,18 @@ class GptModel {
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;
 
-  bool first_stage() const { return first_stage_; }
-  bool last_stage() const { return last_stage_; }
-  int first_layer() const { return layers_.empty() ? -1 : layers_.front().global_index; }
-  int last_layer() const { return layers_.empty() ? -1 : layers_.back().global_index + 1; }
-  // Rows of the hidden tensor between stages on this rank ([rows, hidden]).
-  int64_t hidden_rows() const { return rows_local_; }
-  int64_t hidden_size() const { return h_; }
-
-  // Runs this stage's forward for `mb` into activation slot `slot`. `input` is the previous
-  // stage's output (ignored on the first stage). On the last stage returns the micro-batch's
-  // mean loss over its unmasked tokens (the same on every TP rank); 0 elsewhere.
-  float Forward(int slot, const MicroBatch& mb, const float* input);
-  const float* Output(int slot) const;  // this stage's output hidden (not on the last stage)
-  // Backward of slot `slot`; `doutput` is the next stage's input gradient (ignored on the last
-  // stage, where the loss gradient is `loss_scale` / unmasked tokens per token). Gradients
-  // accumulate into the ParamStore.
-  void Backward(int slot, const float* doutput, float loss_scale);
-  const float* InputGrad() const { return dhidden_; }  // after Backward, not on the first stage
-  // Backend buffers a schedule receives the previous stage's output and the next stage's input
-  // gradient into.
-  float* input_buffer() { return recv_input_; }
-  float* grad_buffer() { return recv_grad_; }
+  bool first_stage() const override { return first_stage_; }
+  bool last_stage() const override { return last_stage_; }
+  int first_layer() const override { return layers_.empty() ? -1 : layers_.front().global_index; }
+  int last_layer() const override { return layers_.empty() ? -1 : layers_.back().global_index + 1; }
+  int64_t hidden_rows() const override { return rows_local_; }
+  int64_t hidden_size() const override { return h_; }
+  float Forward(int slot, const MicroBatch& mb, const float* input) override;
+  const float* Output(int slot) const override;
+  void Backward(int slot, const float* doutput, float loss_scale) override;
+  const float* InputGrad() const override { return dhidden_; }
+  float* input_buffer() override { return recv_input_; }
+  float* grad_buffer() override { return recv_grad_; }
 
  private:
   struct LayerWeights {

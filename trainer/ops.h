@@ -162,6 +162,11 @@ inline uint64_t SplitMix64(uint64_t x) {
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
   return x ^ (x >> 31);
 }
+// The seed of one dropout site: layer −1 is the embedding; sites 0 (embedding), 1 (after the
+// attention projection), 2 (after the MLP), 3 (attention probabilities).
+inline uint64_t DropoutSiteSeed(uint64_t run_seed, int layer, int site) {
+  return SplitMix64(run_seed ^ SplitMix64(static_cast<uint64_t>(layer + 1) * 8 + site));
+}
 // Uniform in [0, 1) for element `index` of sample `sample` under `seed`.
 inline float DropoutUniform(uint64_t seed, int64_t sample, int64_t index) {
   const uint64_t h =

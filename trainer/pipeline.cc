@@ -9,10 +9,11 @@ constexpr uint32_t kActivationTag = 0;
 constexpr uint32_t kGradientTag = 1;
 }  // namespace
 
-double RunSchedule(const std::vector<GptModel*>& chunks, Communicator& pp,
+double RunSchedule(const std::vector<StageModel*>& chunks, Communicator& pp,
                    const std::vector<MicroBatch>& mbs, bool forward_only) {
   const int64_t m = static_cast<int64_t>(mbs.size());
   const float loss_scale = 1.0f / static_cast<float>(m);
+  for (StageModel* c : chunks) c->BeginStep();
   const int64_t stages = pp.size(), rank = pp.rank();
   const int64_t vpp = static_cast<int64_t>(chunks.size());
   double loss_sum = 0.0;
@@ -48,7 +49,7 @@ double RunSchedule(const std::vector<GptModel*>& chunks, Communicator& pp,
   auto micro_of = [&](int64_t k) { return (k / group) * stages + k % stages; };
 
   auto forward = [&](int64_t k) {
-    GptModel& model = *chunks[chunk_of(k, true)];
+    StageModel& model = *chunks[chunk_of(k, true)];
     const int64_t mb = micro_of(k);
     if (!model.first_stage()) pp.Recv(input, n, prev, kActivationTag);
     loss_sum += model.Forward(static_cast<int>(mb % slots), mbs[mb], input);
@@ -57,7 +58,7 @@ double RunSchedule(const std::vector<GptModel*>& chunks, Communicator& pp,
     }
   };
   auto backward = [&](int64_t k) {
-    GptModel& model = *chunks[chunk_of(k, false)];
+    StageModel& model = *chunks[chunk_of(k, false)];
     const int64_t mb = micro_of(k);
     if (!model.last_stage()) pp.Recv(grad, n, next, kGradientTag);
     model.Backward(static_cast<int>(mb % slots), grad, loss_scale);

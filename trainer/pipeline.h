@@ -19,7 +19,7 @@ namespace leantron::trainer {
 // `chunks`: this rank's model chunks in virtual order (one without interleaving). Returns the sum
 // of the micro-batch losses on the last stage (0 elsewhere). Gradients of loss / M accumulate
 // into the chunks' ParamStore unless forward_only.
-double RunSchedule(const std::vector<GptModel*>& chunks, Communicator& pp,
+double RunSchedule(const std::vector<StageModel*>& chunks, Communicator& pp,
                    const std::vector<MicroBatch>& micro_batches, bool forward_only);
 
 }  // namespace leantron::trainer

@@ -19,6 +19,9 @@
 #include "trainer/pipeline.h"
 #include "trainer/scheduler.h"
 #include "trainer/tensorboard.h"
+#ifdef LEANTRON_HAVE_CUDA
+#include "trainer/cuda/gpt_cuda.h"
+#endif
 
 namespace leantron::trainer {
 namespace {
@@ -75,8 +78,8 @@ class Trainer {
   std::unique_ptr<Ops> ops_;
   std::unique_ptr<ckpt::ModelLayout> layout_;
   std::unique_ptr<ParamStore> params_;
-  std::vector<std::unique_ptr<GptModel>> models_;  // this stage's model chunks
-  std::vector<GptModel*> chunks_;
+  std::vector<std::unique_ptr<StageModel>> models_;  // this stage's model chunks
+  std::vector<StageModel*> chunks_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<BatchSource> data_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;  // logging rank only
@@ -89,7 +92,7 @@ class Trainer {
 // uneven pipeline memory and communication cost are visible without outside tools.
 void Trainer::ReportRank(int64_t iterations) {
   std::string layers;
-  for (const GptModel* m : chunks_) {
+  for (const StageModel* m : chunks_) {
     absl::StrAppend(&layers, layers.empty() ? "" : ", ", "[", m->first_layer(), ", ",
                     m->last_layer(), ")", m->first_stage() ? " +embedding" : "",
                     m->last_stage() ? " +output" : "");
@@ -195,10 +198,24 @@ absl::Status Trainer::Run() {
                               : static_cast<int>(args_.recompute_num_layers);
   }
   mo.recompute_attention = args_.recompute_granularity == "selective";
-  for (int v = 0; v < args_.virtual_pipeline_size(); ++v) {
-    models_.push_back(std::make_unique<GptModel>(ops_.get(), *layout_, g_.tp.get(), params_.get(),
-                                                 g_.coords.pp, v, mo));
+  if (args_.bf16) {
+#ifdef LEANTRON_HAVE_CUDA
+    cuda::BF16Options bo;
+    bo.model = mo;
+    bo.loss_scale = 1.0f / static_cast<float>(args_.num_micro_batches());
+    bo.recompute_gelu = args_.recompute_gelu;
+    absl::StatusOr<std::unique_ptr<StageModel>> m =
+        cuda::CreateBF16GptModel(*layout_, params_.get(), bo);
+    if (!m.ok()) return m.status();
+    models_.push_back(std::move(*m));
     chunks_.push_back(models_.back().get());
+#endif
+  } else {
+    for (int v = 0; v < args_.virtual_pipeline_size(); ++v) {
+      models_.push_back(std::make_unique<GptModel>(ops_.get(), *layout_, g_.tp.get(), params_.get(),
+                                                   g_.coords.pp, v, mo));
+      chunks_.push_back(models_.back().get());
+    }
   }
   OptimizerOptions oo;
   oo.beta1 = static_cast<float>(args_.adam_beta1);
@@ -343,8 +360,21 @@ absl::Status Trainer::Run() {
                             1.0, step.grad_norm, skipped, nans);
       Print(line);
       if (!memory_reported) {
-        Print(absl::StrFormat("[Rank %d] (after %d iterations) memory (MB) | max resident: %d |\n",
-                              g_.world_rank, pos.iteration, PeakResidentMiB()));
+        std::string gpu;
+#ifdef LEANTRON_HAVE_CUDA
+        if (args_.backend == "cuda") {
+          int64_t acts = 0;
+          for (const StageModel* m : chunks_) acts += m->activation_bytes();
+          gpu = absl::StrFormat(
+              " GPU in use: %d | of which parameters %d, gradients %d, Adam state %d, bf16 "
+              "weights, activations and workspaces %d |",
+              cuda::DeviceMemoryInUse() >> 20, params_->size() * 4 >> 20, params_->size() * 4 >> 20,
+              optimizer_->state_elements() * 8 >> 20, acts >> 20);
+        }
+#endif
+        Print(
+            absl::StrFormat("[Rank %d] (after %d iterations) memory (MB) | max resident: %d |%s\n",
+                            g_.world_rank, pos.iteration, PeakResidentMiB(), gpu));
         memory_reported = true;
       }
     }

@@ -97,7 +97,7 @@ def one_line_error(proc, text):
     (["--global-batch-size", "6"], 2, "--global-batch-size 6 is not divisible by micro-batch 2 x DP 2"),
     (["--sequence-parallel", "--tensor-model-parallel-size", "2", "--seq-length", "31"], 2,
      "--sequence-parallel needs --seq-length 31 divisible by TP 2"),
-    (["--bf16"], None, "--bf16/--fp16 are not implemented on the cpu backend"),
+    (["--fp16"], None, "--fp16 is not implemented (loss scaling); use --bf16"),
 ])
 def test_bad_settings_are_refused_up_front(dataset, tmp_path, extra, nproc, text):
     proc = run_train(common(dataset) + extra, nproc=nproc, ok=False)

@@ -28,11 +28,11 @@ struct Scratch {
 
 }  // namespace leantron::trainer::cuda
 
-#define LT_CUDA_CHECK(call)                                                                     \
-  do {                                                                                          \
-    cudaError_t lt_err_ = (call);                                                               \
-    if (lt_err_ != cudaSuccess)                                                                 \
-      ::leantron::trainer::cuda::Die(#call, cudaGetErrorString(lt_err_), __FILE__, __LINE__);   \
+#define LT_CUDA_CHECK(call)                                                                   \
+  do {                                                                                        \
+    cudaError_t lt_err_ = (call);                                                             \
+    if (lt_err_ != cudaSuccess)                                                               \
+      ::leantron::trainer::cuda::Die(#call, cudaGetErrorString(lt_err_), __FILE__, __LINE__); \
   } while (0)
 
 #define LT_CUBLAS_CHECK(call)                                                                   \

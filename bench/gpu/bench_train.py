@@ -1,0 +1,115 @@
+"""Single-GPU training speed: `train --bf16` next to the PyTorch peer (bench/gpu/torch_peer.py)
+with identical shapes, seq 1024, random tokens. Prints one markdown row per run and writes the
+table to --out. Run on the device machine (scripts/device_check.sh bench)."""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = {  # name: layers, hidden, heads
+    "124M": (12, 768, 12),
+    "350M": (24, 1024, 16),
+    "774M": (36, 1280, 20),
+    "1.5B": (48, 1600, 25),
+}
+
+
+def flops_per_token(layers, h, seq=1024, vocab=50304):
+    return layers * (3 * 2 * (h * 3 * h + h * h) + 3 * 2 * 2 * h * 4 * h + 3 * 2 * h * seq) + \
+        3 * 2 * h * vocab
+
+
+def run_ours(bin_dir, name, mb, iters, extra):
+    layers, h, heads = MODELS[name]
+    cmd = [str(Path(bin_dir) / "train"), "--bf16", "--mock-data", "--tokenizer-type",
+           "NullTokenizer", "--vocab-size", "50256", "--num-layers", str(layers), "--hidden-size",
+           str(h), "--num-attention-heads", str(heads), "--seq-length", "1024",
+           "--max-position-embeddings", "1024", "--micro-batch-size", str(mb),
+           "--global-batch-size", str(mb), "--train-iters", str(iters), "--log-interval", "5",
+           "--log-throughput", "--lr", "1e-4", "--min-lr", "1e-5", "--lr-decay-style", "cosine",
+           "--hidden-dropout", "0", "--attention-dropout", "0", "--openai-gelu",
+           "--eval-iters", "0"] + extra
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"error": (proc.stdout + proc.stderr)[-2000:]}
+    ms = [float(x) for x in re.findall(r"elapsed time per iteration \(ms\): ([\d.]+)", proc.stdout)]
+    steady = ms[1:] if len(ms) > 1 else ms  # the first interval holds the warm-up
+    ms_step = sum(steady) / len(steady)
+    mem = re.search(r"GPU in use: (\d+) \| of which parameters (\d+), gradients (\d+), Adam state "
+                    r"(\d+), bf16 weights, activations and workspaces (\d+)", proc.stdout)
+    alloc_mib = sum(int(mem.group(i)) for i in range(2, 6)) if mem else -1
+    tokens = mb * 1024
+    tflops = flops_per_token(layers, h) * tokens / ms_step / 1e9
+    loss = re.findall(r"lm loss: ([\d.E+-]+)", proc.stdout)
+    out = {"peer": "leantron train --bf16" + (" " + " ".join(extra) if extra else ""),
+           "model": name, "micro_batch": mb, "ms_per_step": round(ms_step, 1),
+           "tokens_per_s": round(tokens / ms_step * 1000), "tflops": round(tflops, 1),
+           "mfu": round(tflops / 989 * 100, 1), "peak_gib": round(alloc_mib / 1024, 1),
+           "in_use_gib": round(int(mem.group(1)) / 1024, 1) if mem else -1,
+           "loss": float(loss[-1]) if loss else None}
+    if os.environ.get("LEANTRON_PROFILE"):
+        out["profile"] = proc.stderr[-3000:]
+    return out
+
+
+def run_peer(name, mb, compile_):
+    layers, h, heads = MODELS[name]
+    cmd = [sys.executable, str(ROOT / "bench/gpu/torch_peer.py"), "--layers", str(layers),
+           "--hidden", str(h), "--heads", str(heads), "--micro-batch", str(mb)]
+    if not compile_:
+        cmd.append("--no-compile")
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"error": (proc.stdout + proc.stderr)[-2000:]}
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    r["model"] = name
+    return r
+
+
+def row(r):
+    if "error" in r:
+        return "| error | " + r["error"].replace("\n", " ")[-300:] + " |"
+    return (f"| {r['peer']} | {r['model']} | {r['micro_batch']} | {r['ms_per_step']} | "
+            f"{r['tokens_per_s']:,} | {r['tflops']} | {r['mfu']}% | {r['peak_gib']} GiB |")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default=str(ROOT / "build" / "bin"))
+    ap.add_argument("--runs", default="124M:32,774M:16,774M:32,1.5B:16",
+                    help="model:micro-batch list")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--peer", choices=["compile", "eager", "none"], default="compile")
+    ap.add_argument("--extra", default="", help="extra flags for train (space-separated)")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    lines = ["| run | model | micro-batch | ms/step | tok/s | TFLOP/s | MFU | peak memory |",
+             "|---|---|---|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
+    results = []
+    for spec in a.runs.split(","):
+        name, mb = spec.split(":")
+        ours = run_ours(a.bin, name, int(mb), a.iters, a.extra.split())
+        results.append(ours)
+        lines.append(row(ours))
+        print(lines[-1], flush=True)
+        if "profile" in ours:
+            print(ours["profile"], flush=True)
+        if a.peer != "none":
+            peer = run_peer(name, int(mb), a.peer == "compile")
+            results.append(peer)
+            lines.append(row(peer))
+            print(lines[-1], flush=True)
+            if "error" not in ours and "error" not in peer:
+                print(f"  speed-up vs peer: {peer['ms_per_step'] / ours['ms_per_step']:.2f}x",
+                      flush=True)
+    if a.out:
+        Path(a.out).write_text("\n".join(lines) + "\n\n" + json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+// The bf16 model's matrix products in isolation, on the device: for each (shape, epilogue) the
+// time of Matmul's choice and of every algorithm cuBLASLt's heuristic offers (best shown), in
+// TFLOP/s. Tells whether a slow product is the shape's limit or a poor algorithm choice.
+//   bench_gemm [tokens hidden ffn vocab_rows vocab]   (defaults: GPT-2 774M, micro-batch 32)
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "trainer/cuda/cuda_util.h"
+#include "trainer/cuda/matmul.h"
+
+using leantron::trainer::cuda::bf16;
+using leantron::trainer::cuda::MainStream;
+using leantron::trainer::cuda::Matmul;
+
+namespace {
+
+template <typename F>
+float TimeMs(F&& f, int reps = 10) {
+  f();
+  cudaEvent_t a, b;
+  LT_CUDA_CHECK(cudaEventCreate(&a));
+  LT_CUDA_CHECK(cudaEventCreate(&b));
+  LT_CUDA_CHECK(cudaEventRecord(a, MainStream()));
+  for (int i = 0; i < reps; ++i) f();
+  LT_CUDA_CHECK(cudaEventRecord(b, MainStream()));
+  LT_CUDA_CHECK(cudaEventSynchronize(b));
+  float ms = 0;
+  LT_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return ms / reps;
+}
+
+void* Buffer(size_t bytes) {
+  void* p;
+  LT_CUDA_CHECK(cudaMalloc(&p, bytes));
+  LT_CUDA_CHECK(cudaMemset(p, 0, bytes));
+  return p;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int64_t m = argc > 1 ? std::atoll(argv[1]) : 32768;
+  const int64_t h = argc > 2 ? std::atoll(argv[2]) : 1280;
+  const int64_t ffn = argc > 3 ? std::atoll(argv[3]) : 4 * h;
+  const int64_t vrows = argc > 4 ? std::atoll(argv[4]) : 16384;
+  const int64_t vocab = argc > 5 ? std::atoll(argv[5]) : 50304;
+  Matmul mm;
+  const size_t big = static_cast<size_t>(std::max(m * ffn, vrows * vocab));
+  auto* x = static_cast<bf16*>(Buffer(big * 2));
+  auto* y = static_cast<bf16*>(Buffer(big * 2));
+  auto* aux = static_cast<bf16*>(Buffer(big * 2));
+  auto* w = static_cast<bf16*>(Buffer(static_cast<size_t>(std::max(ffn, vocab)) * h * 2 * 3));
+  auto* bias = static_cast<bf16*>(Buffer(static_cast<size_t>(std::max(ffn, 3 * h)) * 2));
+  auto* dw = static_cast<float*>(Buffer(static_cast<size_t>(std::max(ffn, vocab)) * h * 4 * 3));
+  auto* db = static_cast<float*>(Buffer(static_cast<size_t>(std::max(ffn, 3 * h)) * 4));
+  struct Row {
+    std::string name;
+    double flops;
+    float ms;
+  };
+  std::vector<Row> rows;
+  auto add = [&](const std::string& name, int64_t mm_, int64_t kk, int64_t nn, auto f) {
+    rows.push_back({name, 2.0 * mm_ * kk * nn, TimeMs(f)});
+  };
+  struct Lin {
+    const char* name;
+    int64_t k, n;
+  };
+  for (const Lin& l :
+       {Lin{"qkv", h, 3 * h}, Lin{"proj", h, h}, Lin{"fc1", h, ffn}, Lin{"fc2", ffn, h}}) {
+    const std::string n = l.name;
+    add(n + " fwd +bias", m, l.k, l.n, [&] { mm.Forward(y, x, w, bias, m, l.k, l.n); });
+    add(n + " fwd", m, l.k, l.n, [&] { mm.Forward(y, x, w, nullptr, m, l.k, l.n); });
+    add(n + " dgrad", m, l.k, l.n, [&] { mm.BackwardData(y, x, w, m, l.k, l.n); });
+    add(n + " wgrad", m, l.k, l.n, [&] { mm.BackwardWeight(dw, x, y, m, l.k, l.n); });
+    add(n + " wgrad +bgrad", m, l.k, l.n,
+        [&] { mm.BackwardWeightBias(dw, db, x, y, m, l.k, l.n); });
+  }
+  add("fc1 fwd +gelu", m, h, ffn, [&] { mm.ForwardGelu(y, aux, x, w, bias, m, h, ffn); });
+  add("fc2 dgrad +dgelu", m, ffn, h, [&] { mm.BackwardDataGelu(y, x, w, aux, m, ffn, h); });
+  add("head fwd", vrows, h, vocab, [&] { mm.Forward(y, x, w, nullptr, vrows, h, vocab); });
+  add("head dgrad", vrows, h, vocab, [&] { mm.BackwardData(y, x, w, vrows, h, vocab); });
+  add("head wgrad", vrows, h, vocab, [&] { mm.BackwardWeight(dw, x, y, vrows, h, vocab); });
+  std::printf("tokens %ld hidden %ld ffn %ld (head: %ld rows x vocab %ld)\n", long(m), long(h),
+              long(ffn), long(vrows), long(vocab));
+  for (const Row& r : rows) {
+    std::printf("  %-18s %8.3f ms  %6.1f TFLOP/s\n", r.name.c_str(), r.ms,
+                r.flops / (r.ms * 1e-3) / 1e12);
+  }
+  return 0;
+}

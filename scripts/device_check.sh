@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Runs on the GPU (device) machine, from the repository root, in one call: unpacks the bundle that
+# scripts/device_bundle.sh made here (binaries + the libraries the device lacks), then
+#   tests: the GPU op tests (tests/gpu/*_test.cc binaries) and tests/gpu/test_gpu_train.py
+#   bench: bench/gpu/bench_train.py, ours next to the PyTorch peer
+# and leaves logs in $OUT (the device tool's output folder) or /tmp/leantron-out.
+#   here:   bash scripts/device_bundle.sh
+#   device: bash scripts/device_check.sh [tests|pytest|bench|all] [bench args...]
+set -uo pipefail
+what="${1:-all}"
+shift || true
+OUT="${OUT:-/tmp/leantron-out}"
+mkdir -p "$OUT" /tmp/lt
+tar -xzf .bundle/leantron.tar.gz -C /tmp/lt || exit 1
+export PATH=/tmp/lt/bin:$PATH LD_LIBRARY_PATH=/tmp/lt/lib LEANTRON_BIN=/tmp/lt/bin
+export LEANTRON_ROOT="$PWD" PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+status=0
+if [[ "$what" == tests || "$what" == all ]]; then
+  for t in /tmp/lt/bin/gpu_*; do
+    echo "== $(basename "$t")"
+    "$t" --gtest_brief=1 >"$OUT/$(basename "$t").log" 2>&1 || status=1
+    tail -n 25 "$OUT/$(basename "$t").log"
+  done
+fi
+if [[ "$what" == tests || "$what" == all || "$what" == pytest ]]; then
+  echo "== tests/gpu/test_gpu_train.py"
+  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_train.py -s \
+    >"$OUT/pytest_gpu.log" 2>&1 || status=1
+  tail -n 40 "$OUT/pytest_gpu.log"
+fi
+if [[ "$what" == bench || "$what" == all ]]; then
+  echo "== bench/gpu/bench_train.py $*"
+  python3 bench/gpu/bench_train.py --bin /tmp/lt/bin --out "$OUT/bench.md" "$@" || status=1
+fi
+exit $status

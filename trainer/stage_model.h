@@ -1,0 +1,51 @@
+// What a pipeline schedule and the training loop need from the model on one pipeline stage (or
+// one virtual chunk of it). Two implementations: GptModel, written once against `Ops` (float32,
+// every layout, every backend), and cuda::BF16GptModel, the fused bf16 path for NVIDIA GPUs.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace leantron::trainer {
+
+struct MicroBatch {
+  std::vector<int32_t> tokens;  // [micro_batch · seq_length]
+  std::vector<int32_t> labels;  // same shape; −1 = no loss (padding)
+  int64_t first_sample = 0;     // global index of its first sample (dropout masks)
+  bool training = true;         // dropout only when training
+};
+
+class StageModel {
+ public:
+  virtual ~StageModel() = default;
+
+  virtual bool first_stage() const = 0;
+  virtual bool last_stage() const = 0;
+  virtual int first_layer() const = 0;
+  virtual int last_layer() const = 0;  // one past
+  // Rows of the hidden tensor between stages on this rank ([rows, hidden]).
+  virtual int64_t hidden_rows() const = 0;
+  virtual int64_t hidden_size() const = 0;
+
+  // Called once per optimizer step before any Forward of that step (the bf16 model refreshes its
+  // low-precision weight copy from the fp32 main weights here).
+  virtual void BeginStep() {}
+  // Runs this stage's forward for `mb` into activation slot `slot`. `input` is the previous
+  // stage's output (ignored on the first stage). On the last stage returns the micro-batch's
+  // mean loss over its unmasked tokens (the same on every TP rank); 0 elsewhere.
+  virtual float Forward(int slot, const MicroBatch& mb, const float* input) = 0;
+  virtual const float* Output(int slot) const = 0;  // this stage's output (not on the last stage)
+  // Backward of slot `slot`; `doutput` is the next stage's input gradient (ignored on the last
+  // stage, where the loss gradient is `loss_scale` / unmasked tokens per token). Gradients
+  // accumulate into the ParamStore.
+  virtual void Backward(int slot, const float* doutput, float loss_scale) = 0;
+  virtual const float* InputGrad() const = 0;  // after Backward, not on the first stage
+  // Backend buffers a schedule receives the previous stage's output and the next stage's input
+  // gradient into.
+  virtual float* input_buffer() = 0;
+  virtual float* grad_buffer() = 0;
+  // Peak device memory for the activations this model holds (bytes), for the log.
+  virtual int64_t activation_bytes() const { return 0; }
+};
+
+}  // namespace leantron::trainer
