@@ -5,13 +5,13 @@
 #   bench: bench/gpu/bench_train.py, ours next to the PyTorch peer
 # and leaves logs in $OUT (the device tool's output folder) or /tmp/leantron-out.
 #   here:   bash scripts/device_bundle.sh
-#   device: bash scripts/device_check.sh [tests|pytest|bench|all] [bench args...]
+#   device: bash scripts/device_check.sh [tests|pytest|multi|parallel|bench|all] [bench args...]
 set -uo pipefail
 what="${1:-all}"
 shift || true
 OUT="${OUT:-/tmp/leantron-out}"
 mkdir -p "$OUT" /tmp/lt
-tar -xzf .bundle/leantron.tar.gz -C /tmp/lt || exit 1
+tar -xzf "${LEANTRON_BUNDLE:-.bundle/leantron.tar.gz}" -C /tmp/lt || exit 1
 export PATH=/tmp/lt/bin:$PATH LD_LIBRARY_PATH=/tmp/lt/lib LEANTRON_BIN=/tmp/lt/bin
 export LEANTRON_ROOT="$PWD" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -28,6 +28,19 @@ if [[ "$what" == tests || "$what" == all || "$what" == pytest ]]; then
   python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_train.py -s \
     >"$OUT/pytest_gpu.log" 2>&1 || status=1
   tail -n 40 "$OUT/pytest_gpu.log"
+fi
+if [[ "$what" == multi ]]; then  # two or more GPUs (nvidia-h200-x2)
+  echo "== gpu_nccl_comm_test"
+  /tmp/lt/bin/gpu_nccl_comm_test --gtest_brief=1 >"$OUT/gpu_nccl_comm_test.log" 2>&1 || status=1
+  tail -n 25 "$OUT/gpu_nccl_comm_test.log"
+  echo "== tests/gpu/test_multi_gpu.py"
+  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_multi_gpu.py -s \
+    >"$OUT/pytest_multi.log" 2>&1 || status=1
+  tail -n 60 "$OUT/pytest_multi.log"
+fi
+if [[ "$what" == parallel ]]; then  # the tutorial's table on two GPUs
+  echo "== bench/gpu/bench_parallel.py $*"
+  python3 bench/gpu/bench_parallel.py --bin /tmp/lt/bin --out "$OUT/parallel.md" "$@" || status=1
 fi
 if [[ "$what" == bench || "$what" == all ]]; then
   echo "== bench/gpu/bench_train.py $*"

@@ -54,9 +54,9 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
   app.add_option("--recompute-num-layers", a->recompute_num_layers,
                  "Layers per recomputed block (uniform) or recomputed per stage (block)");
   app.add_flag("--overlap-grad-reduce", a->overlap_grad_reduce,
-               "Accepted; the cpu backend reduces gradients after the backward");
+               "bf16 model: all-reduce gradient buckets during the backward");
   app.add_flag("--overlap-param-gather", a->overlap_param_gather,
-               "Accepted; the cpu backend gathers parameters after the step");
+               "Accepted (parameters are gathered after the step)");
   app.add_option("--ddp-bucket-size", a->ddp_bucket_size, "Gradient all-reduce bucket (elements)");
   // Training.
   app.add_option("--micro-batch-size", a->micro_batch_size, "Micro-batch size");
@@ -235,11 +235,6 @@ absl::Status ValidateTrainArgs(TrainArgs* a) {
 #ifdef LEANTRON_HAVE_CUDA
   if (a->backend != "cpu" && a->backend != "cuda")
     return bad("--ops-backend must be cpu or cuda, not ", a->backend);
-  if (a->backend == "cuda" && a->world_size > 1)
-    return bad(
-        "the cuda backend runs one process for now (multi-GPU needs the NCCL backend); "
-        "world size is ",
-        a->world_size);
 #else
   if (a->backend != "cpu")
     return bad("--ops-backend ", a->backend, " is not in this build (cpu; built without CUDA)");

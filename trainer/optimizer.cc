@@ -22,6 +22,25 @@ Optimizer::Optimizer(Ops* ops, ParamStore* params, ProcessGroups* groups,
   }
   exp_avg_ = ops_->Alloc(end_ - begin_);
   exp_avg_sq_ = ops_->Alloc(end_ - begin_);
+  // Adjacent views with the same treatment merge into one range: a few long kernels (and, for
+  // the norm, a few device-to-host reads) per step instead of one per tensor.
+  for (const ParamView& v : params_->views()) {
+    const size_t b = std::max(begin_, v.offset), e = std::min(end_, v.offset + v.numel);
+    if (b >= e) continue;
+    if (v.count_in_norm) {
+      if (!norm_ranges_.empty() && norm_ranges_.back().second == b) {
+        norm_ranges_.back().second = e;
+      } else {
+        norm_ranges_.push_back({b, e});
+      }
+    }
+    if (!adam_ranges_.empty() && adam_ranges_.back().end == b &&
+        adam_ranges_.back().decay == v.decay) {
+      adam_ranges_.back().end = e;
+    } else {
+      adam_ranges_.push_back({b, e, v.decay});
+    }
+  }
 }
 
 Optimizer::~Optimizer() {
@@ -51,7 +70,9 @@ void Optimizer::FinalizeGrads() {
   if (dp->size() == 1) return;
   const size_t n = params_->size();
   const float inv = 1.0f / static_cast<float>(dp->size());
-  if (opt_.distributed) {
+  if (opt_.dp_reduced_by_model) {
+    // Summed already, overlapped with the backward.
+  } else if (opt_.distributed) {
     // Every rank needs only its slice summed; the Gloo backend's reduce-scatter is an all-reduce
     // underneath, so reduce whole buckets and keep everything (the others' slices are unused).
     for (size_t b = 0; b < n; b += opt_.bucket_elements)
@@ -70,11 +91,7 @@ StepResult Optimizer::Step(float lr) {
   float* data = params_->data();
   // Squared norm over the parameters this rank counts, restricted to its optimizer slice.
   double sq = 0.0;
-  for (const ParamView& v : params_->views()) {
-    if (!v.count_in_norm) continue;
-    const size_t b = std::max(begin_, v.offset), e = std::min(end_, v.offset + v.numel);
-    if (b < e) sq += ops_->SumSquares(grad + b, e - b);
-  }
+  for (const auto& [b, e] : norm_ranges_) sq += ops_->SumSquares(grad + b, e - b);
   groups_->model->AllReduceSumDouble(&sq, 1);
   if (opt_.distributed && groups_->dp->size() > 1) groups_->dp->AllReduceSumDouble(&sq, 1);
   result.grad_norm = std::sqrt(sq);
@@ -87,12 +104,10 @@ StepResult Optimizer::Step(float lr) {
     if (coeff < 1.0) ops_->Scale(grad + begin_, end_ - begin_, static_cast<float>(coeff));
   }
   ++step_;
-  for (const ParamView& v : params_->views()) {
-    const size_t b = std::max(begin_, v.offset), e = std::min(end_, v.offset + v.numel);
-    if (b >= e) continue;
-    ops_->AdamWStep(data + b, grad + b, exp_avg_ + (b - begin_), exp_avg_sq_ + (b - begin_), e - b,
-                    lr, opt_.beta1, opt_.beta2, opt_.eps, v.decay ? opt_.weight_decay : 0.0f,
-                    step_);
+  for (const Range& r : adam_ranges_) {
+    ops_->AdamWStep(data + r.begin, grad + r.begin, exp_avg_ + (r.begin - begin_),
+                    exp_avg_sq_ + (r.begin - begin_), r.end - r.begin, lr, opt_.beta1, opt_.beta2,
+                    opt_.eps, r.decay ? opt_.weight_decay : 0.0f, step_);
   }
   if (opt_.distributed && groups_->dp->size() > 1) {
     // Each rank broadcasts its updated slice (a padded all-gather would need equal slices).

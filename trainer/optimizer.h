@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "trainer/comm.h"
@@ -22,6 +23,9 @@ struct OptimizerOptions {
   float clip_grad = 1.0f;  // 0 disables clipping
   bool distributed = false;
   int64_t bucket_elements = 40000000;  // Megatron's default DDP bucket size
+  // The model has already summed the gradient over DP (overlapped with its backward): only the
+  // averaging is left.
+  bool dp_reduced_by_model = false;
 };
 
 struct StepResult {
@@ -59,6 +63,12 @@ class Optimizer {
   float* exp_avg_ = nullptr;  // [end_ - begin_]
   float* exp_avg_sq_ = nullptr;
   size_t slice_ = 0;  // per-DP-rank slice length (distributed; last slices may be shorter)
+  struct Range {
+    size_t begin, end;
+    bool decay;
+  };
+  std::vector<std::pair<size_t, size_t>> norm_ranges_;  // counted in the gradient norm
+  std::vector<Range> adam_ranges_;                      // this rank's slice, by weight decay
   int64_t step_ = 0;
 };
 

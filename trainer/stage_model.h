@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace leantron::trainer {
@@ -46,6 +47,9 @@ class StageModel {
   virtual float* grad_buffer() = 0;
   // Peak device memory for the activations this model holds (bytes), for the log.
   virtual int64_t activation_bytes() const { return 0; }
+  // Where a step's time went on the device (communication, exposed waits), for the per-rank
+  // report; empty when the model does not measure it.
+  virtual std::string TimeReport() const { return {}; }
 };
 
 }  // namespace leantron::trainer

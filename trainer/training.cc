@@ -21,6 +21,7 @@
 #include "trainer/tensorboard.h"
 #ifdef LEANTRON_HAVE_CUDA
 #include "trainer/cuda/gpt_cuda.h"
+#include "trainer/dist/nccl_comm.h"
 #endif
 
 namespace leantron::trainer {
@@ -107,6 +108,16 @@ void Trainer::ReportRank(int64_t iterations) {
       g_.world_rank, g_.coords.tp, g_.coords.pp, g_.coords.dp, layers, params_->size(), param_mb,
       param_mb, adam_mb, PeakResidentMiB(), comm_seconds_, train_seconds_, iterations,
       train_seconds_ > 0 ? 100.0 * comm_seconds_ / train_seconds_ : 0.0));
+  for (const StageModel* m : chunks_) {
+    if (std::string r = m->TimeReport(); !r.empty())
+      Print(absl::StrFormat("[Rank %d] %s\n", g_.world_rank, r));
+  }
+#ifdef LEANTRON_HAVE_CUDA
+  if (args_.backend == "cuda") {
+    Print(absl::StrFormat("[Rank %d] GPU memory in use at the end: %d MB\n", g_.world_rank,
+                          cuda::DeviceMemoryInUse() >> 20));
+  }
+#endif
 }
 
 absl::Status Trainer::GetMicroBatches(data::SplitKind kind, int64_t consumed, bool training,
@@ -167,9 +178,11 @@ absl::Status Trainer::Save(const TrainPosition& position) {
 }
 
 absl::Status Trainer::Run() {
+  // Host-side timing of Gloo calls; NCCL calls only enqueue work, so the cuda backend measures
+  // its communication on the GPU instead.
   for (std::unique_ptr<Communicator>* c :
        {&g_.world, &g_.tp, &g_.dp, &g_.pp, &g_.model, &g_.embedding}) {
-    if (*c) *c = MakeTimedCommunicator(std::move(*c), &comm_seconds_);
+    if (*c && args_.backend != "cuda") *c = MakeTimedCommunicator(std::move(*c), &comm_seconds_);
   }
   absl::StatusOr<std::unique_ptr<Ops>> ops = CreateOps(args_.backend);
   if (!ops.ok()) return ops.status();
@@ -204,11 +217,20 @@ absl::Status Trainer::Run() {
     bo.model = mo;
     bo.loss_scale = 1.0f / static_cast<float>(args_.num_micro_batches());
     bo.recompute_gelu = args_.recompute_gelu;
-    absl::StatusOr<std::unique_ptr<StageModel>> m =
-        cuda::CreateBF16GptModel(*layout_, params_.get(), bo);
-    if (!m.ok()) return m.status();
-    models_.push_back(std::move(*m));
-    chunks_.push_back(models_.back().get());
+    bo.dp = g_.dp.get();
+    bo.overlap_grad_reduce = args_.overlap_grad_reduce;
+    bo.bucket_elements = args_.ddp_bucket_size;
+    bo.num_micro_batches = static_cast<int>(args_.num_micro_batches());
+    bo.tp = g_.tp.get();
+    bo.pp_rank = g_.coords.pp;
+    for (int v = 0; v < args_.virtual_pipeline_size(); ++v) {
+      bo.virtual_chunk = v;
+      absl::StatusOr<std::unique_ptr<StageModel>> m =
+          cuda::CreateBF16GptModel(*layout_, params_.get(), bo);
+      if (!m.ok()) return m.status();
+      models_.push_back(std::move(*m));
+      chunks_.push_back(models_.back().get());
+    }
 #endif
   } else {
     for (int v = 0; v < args_.virtual_pipeline_size(); ++v) {
@@ -225,6 +247,7 @@ absl::Status Trainer::Run() {
   oo.clip_grad = static_cast<float>(args_.clip_grad);
   oo.distributed = args_.use_distributed_optimizer;
   oo.bucket_elements = args_.ddp_bucket_size;
+  oo.dp_reduced_by_model = args_.bf16 && args_.overlap_grad_reduce && g_.sizes.dp > 1;
   optimizer_ = std::make_unique<Optimizer>(ops_.get(), params_.get(), &g_, oo);
 
   DataOptions dopt;
@@ -275,10 +298,16 @@ absl::Status Trainer::Run() {
     tensorboard_ = std::move(*tb);
   }
   const int64_t start_iteration = pos.iteration;
-  if (g_.world_rank == 0 && (args_.overlap_grad_reduce || args_.overlap_param_gather)) {
+  if (g_.world_rank == 0 && !args_.bf16 &&
+      (args_.overlap_grad_reduce || args_.overlap_param_gather)) {
     Print(
-        " note: --overlap-grad-reduce/--overlap-param-gather have no effect on the cpu backend "
+        " note: --overlap-grad-reduce/--overlap-param-gather have no effect on the float32 model "
         "(same numbers, no overlap)\n");
+  }
+  if (g_.world_rank == 0 && args_.bf16 && args_.overlap_param_gather) {
+    Print(
+        " note: --overlap-param-gather: the distributed optimizer gathers the parameters after "
+        "the step, not overlapped with the next forward yet\n");
   }
   LrSchedule sched;
   sched.max_lr = args_.lr;
@@ -432,7 +461,14 @@ absl::Status RunTraining(const TrainArgs& args, const LaunchInfo& launch) {
   sizes.tp = args.tensor_model_parallel_size;
   sizes.pp = args.pipeline_model_parallel_size;
   sizes.dp = args.data_parallel_size();
+#ifdef LEANTRON_HAVE_CUDA
+  // GPUs talk through NCCL (device memory, ordered on the compute stream), CPUs through Gloo.
+  absl::StatusOr<ProcessGroups> groups = args.backend == "cuda"
+                                             ? CreateNcclProcessGroups(launch, sizes)
+                                             : CreateProcessGroups(launch, sizes);
+#else
   absl::StatusOr<ProcessGroups> groups = CreateProcessGroups(launch, sizes);
+#endif
   if (!groups.ok()) return groups.status();
   Trainer trainer(args, *groups);
   return trainer.Run();

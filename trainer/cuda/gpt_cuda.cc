@@ -1,64 +1,85 @@
 #include "trainer/cuda/gpt_cuda.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "trainer/cuda/attention.h"
 #include "trainer/cuda/cuda_util.h"
+#include "trainer/cuda/grad_reduce.h"
 #include "trainer/cuda/kernels.h"
 #include "trainer/cuda/matmul.h"
 
 namespace leantron::trainer::cuda {
 namespace {
 
-// Per-op GPU time by category (LEANTRON_PROFILE=1): CUDA events around each op, summed when the
-// next step begins (the optimizer step has synchronised by then) and printed at exit.
+// GPU time by category, from CUDA events, summed when the next step begins (the optimizer step
+// has synchronised by then). Always on at the coarse level (compute vs tensor-parallel
+// communication, events only where the category changes), which feeds the per-rank report;
+// LEANTRON_PROFILE=1 times every op and prints the table at exit.
 class OpProfile {
  public:
-  OpProfile() : enabled_(std::getenv("LEANTRON_PROFILE") != nullptr) {}
+  OpProfile() : detailed_(std::getenv("LEANTRON_PROFILE") != nullptr) {}
   ~OpProfile() {
-    if (!enabled_) return;
     Step();  // the last step's marks
-    double total = 0;
-    for (const auto& [name, ms] : totals_) total += ms;
-    std::fprintf(stderr, "GPU time by op over %ld steps (%.1f ms per step):\n",
-                 static_cast<long>(steps_), steps_ ? total / steps_ : 0.0);
-    std::vector<std::pair<double, std::string>> rows;
-    for (const auto& [name, ms] : totals_) rows.push_back({ms, name});
-    std::sort(rows.rbegin(), rows.rend());
-    for (const auto& [ms, name] : rows) {
-      std::fprintf(stderr, "  %-28s %9.2f ms/step %6.1f%%\n", name.c_str(),
-                   steps_ ? ms / steps_ : 0.0, total > 0 ? 100.0 * ms / total : 0.0);
+    if (detailed_) {
+      double total = 0;
+      for (const auto& [name, ms] : totals_) total += ms;
+      std::fprintf(stderr, "GPU time by op over %ld steps (%.1f ms per step):\n",
+                   static_cast<long>(steps_), steps_ ? total / steps_ : 0.0);
+      std::vector<std::pair<double, std::string>> rows;
+      for (const auto& [name, ms] : totals_) rows.push_back({ms, name});
+      std::sort(rows.rbegin(), rows.rend());
+      for (const auto& [ms, name] : rows) {
+        std::fprintf(stderr, "  %-30s %9.2f ms/step %6.1f%%\n", name.c_str(),
+                     steps_ ? ms / steps_ : 0.0, total > 0 ? 100.0 * ms / total : 0.0);
+      }
     }
     for (auto& e : pool_) cudaEventDestroy(e);
   }
-  bool enabled() const { return enabled_; }
   // Starts timing `name`; the next Begin or End closes it.
   void Begin(const char* name) {
-    if (!enabled_) return;
+    const bool comm = std::strstr(name, "communication") != nullptr;
+    if (!detailed_) name = comm ? kComm : kCompute;
+    if (open_ != nullptr && std::strcmp(open_, name) == 0 && !detailed_) return;  // same span
     if (open_ != nullptr) End();
     open_ = name;
     marks_.push_back({name, Event(), nullptr});
     LT_CUDA_CHECK(cudaEventRecord(marks_.back().start, MainStream()));
   }
   void End() {
-    if (!enabled_ || open_ == nullptr) return;
+    if (open_ == nullptr) return;
     marks_.back().end = Event();
     LT_CUDA_CHECK(cudaEventRecord(marks_.back().end, MainStream()));
     open_ = nullptr;
   }
   void Step() {
-    if (!enabled_) return;
     Collect(/*keep=*/steps_ >= 0);
     ++steps_;
   }
+  // Per-step averages so far: tensor-parallel communication and everything else.
+  bool Averages(double* compute_ms, double* comm_ms) const {
+    if (steps_ <= 0) return false;
+    double comm = 0, total = 0;
+    for (const auto& [name, ms] : totals_) {
+      total += ms;
+      if (name.find("communication") != std::string::npos) comm += ms;
+    }
+    *compute_ms = (total - comm) / steps_;
+    *comm_ms = comm / steps_;
+    return true;
+  }
 
  private:
+  static constexpr const char* kCompute = "compute";
+  static constexpr const char* kComm = "tensor-parallel communication";
   struct Mark {
     const char* name;
     cudaEvent_t start, end;
@@ -71,8 +92,9 @@ class OpProfile {
     }
     return pool_[used_++];
   }
-  void Collect(bool keep = true) {
+  void Collect(bool keep) {
     End();
+    if (marks_.empty()) return;
     LT_CUDA_CHECK(cudaStreamSynchronize(MainStream()));
     for (const Mark& m : marks_) {
       if (!keep) break;
@@ -83,7 +105,7 @@ class OpProfile {
     marks_.clear();
     used_ = 0;
   }
-  bool enabled_;
+  bool detailed_;
   const char* open_ = nullptr;
   std::vector<cudaEvent_t> pool_;
   size_t used_ = 0;
@@ -99,55 +121,88 @@ class BF16GptModel : public StageModel {
                std::unique_ptr<FlashAttention> attention);
   ~BF16GptModel() override;
 
-  bool first_stage() const override { return true; }
-  bool last_stage() const override { return true; }
-  int first_layer() const override { return 0; }
-  int last_layer() const override { return static_cast<int>(layers_.size()); }
-  int64_t hidden_rows() const override { return n_; }
-  int64_t hidden_size() const override { return h_; }
+  bool first_stage() const override { return first_stage_; }
+  bool last_stage() const override { return last_stage_; }
+  int first_layer() const override { return first_layer_; }
+  int last_layer() const override { return first_layer_ + static_cast<int>(layers_.size()); }
+  int64_t hidden_rows() const override { return rows_l_; }
+  // Stage messages are bf16 [rows, h]: counted in floats, as the schedule sends them.
+  int64_t hidden_size() const override { return h_ / 2; }
   void BeginStep() override;
   float Forward(int slot, const MicroBatch& mb, const float* input) override;
-  const float* Output(int) const override { return nullptr; }
+  const float* Output(int slot) const override {
+    return reinterpret_cast<const float*>(slots_[slot]->x.back());
+  }
   void Backward(int slot, const float* doutput, float loss_scale) override;
-  const float* InputGrad() const override { return nullptr; }
-  float* input_buffer() override { return nullptr; }
-  float* grad_buffer() override { return nullptr; }
+  const float* InputGrad() const override { return reinterpret_cast<const float*>(dx_); }
+  float* input_buffer() override { return reinterpret_cast<float*>(recv_input_); }
+  float* grad_buffer() override { return reinterpret_cast<float*>(recv_grad_); }
   int64_t activation_bytes() const override { return activation_bytes_; }
+  std::string TimeReport() const override;
 
  private:
-  struct Layer {
+  struct Weights {
     // bf16 weights (views into w16_), fp32 gradients (views into the ParamStore's gradient).
+    int global = 0;
     const bf16 *qkv_w, *qkv_b, *proj_w, *proj_b, *fc1_w, *fc1_b, *fc2_w, *fc2_b;
     const float *ln1_w, *ln1_b, *ln2_w, *ln2_b;
     float *d_qkv_w, *d_qkv_b, *d_proj_w, *d_proj_b, *d_fc1_w, *d_fc1_b, *d_fc2_w, *d_fc2_b;
     float *d_ln1_w, *d_ln1_b, *d_ln2_w, *d_ln2_b;
-    // Activations: own buffers, or the shared ones when the layer is recomputed.
+    bool recompute = false;
+  };
+  // One layer's saved activations (the shared set when the layer is recomputed). ln1 and ln2
+  // hold all rows (gathered under sequence parallelism); mid holds this rank's rows.
+  struct Acts {
     bf16 *ln1, *qkv, *att, *mid, *ln2, *pre, *gelu;
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *stats;
-    bool recompute = false;
+  };
+  // One micro-batch in flight.
+  struct Slot {
+    MicroBatch mb;
+    bool has_grad = false;
+    float grad_scale = 0.0f;
+    int32_t *tokens = nullptr, *labels = nullptr;  // all rows
+    std::vector<bf16*> x;                          // [layers + 1] residual stream, this rank's rows
+    std::vector<Acts> acts;
+    bf16 *lnf = nullptr, *dlnf = nullptr;  // last stage
+    float *lnf_mean = nullptr, *lnf_rstd = nullptr, *losses = nullptr;
   };
 
   template <typename T>
-  T* Alloc(size_t n, bool activation = true) {
+  T* Alloc(size_t n) {
     void* p = nullptr;
     LT_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
     LT_CUDA_CHECK(cudaMemsetAsync(p, 0, std::max<size_t>(n, 1) * sizeof(T), MainStream()));
     allocations_.push_back(p);
-    if (activation) activation_bytes_ += static_cast<int64_t>(n * sizeof(T));
+    activation_bytes_ += static_cast<int64_t>(n * sizeof(T));
     return static_cast<T*>(p);
   }
-  void AllocActs(Layer* a);
-  HiddenDropout Drop(int layer, int site) const;
-  // Layer l's forward from its input x_[l] (ln1 already computed) up to fc1/GELU; the MLP output
-  // lands in branch_ for the next residual-add + LayerNorm.
-  void LayerForward(int l);
-  void LayerBackward(int l);
-  // Closes layer l's MLP: x_[l+1] = mid + dropout(branch_), and LayerNorm into `out`.
-  void ResidualNorm(int l, bf16* out, float* mean, float* rstd, const float* w, const float* b);
-  float HeadForward();
+  Acts MakeActs();
+  Slot& GetSlot(int index);
+  HiddenDropout Drop(const Slot& s, int global_layer, int site) const;
+  // Tensor/sequence parallel collectives (bf16, on the compute stream). Gather: this rank's rows
+  // [rows_l, h] (already in place inside `full`) → all rows. Reduce: partial sums over all rows →
+  // this rank's rows summed (into `local`, which may be `full` without SP).
+  void GatherRows(bf16* full);
+  // SP: this rank's rows `local` → all rows in `full`; without SP `full` is `local`.
+  void GatherRowsFrom(const bf16* local, bf16* full);
+  void ReduceRows(bf16* full, bf16* local);
+  bf16* LocalRows(bf16* full) const { return full + row_offset_ * h_; }
+  void LayerForward(Slot& s, int l);
+  void LayerBackward(Slot& s, int l);
+  // Closes layer l: x[l+1] = mid + dropout(mlp output), then LayerNorm into `out` (all rows).
+  void ResidualNorm(Slot& s, int l, bf16* out, float* mean, float* rstd, const float* w,
+                    const float* b);
+  // LayerNorm of this rank's rows of x into `out_full`'s slot for them, then gathered.
+  void NormGather(bf16* out_full, float* mean, float* rstd, const bf16* residual,
+                  const bf16* branch, bf16* x_out, const float* w, const float* b,
+                  const HiddenDropout& d);
+  float HeadForward(Slot& s);
   // dW += doutᵀ·in and db += Σ_rows dout (db may be null): the bias gradient from cuBLASLt's
   // epilogue when it has one for this shape, else a column-sum kernel.
   void WeightGrad(float* dw, float* db, const bf16* dout, const bf16* in, int64_t k, int64_t n);
+  // Bias of a row-parallel linear: added once (TP rank 0) before the partial sums are reduced.
+  const bf16* RowParallelBias(const bf16* b) const { return tp_rank_ == 0 ? b : nullptr; }
   Scratch scratch() const { return {scratch_, scratch_bytes_}; }
 
   const ckpt::ModelLayout& layout_;
@@ -156,77 +211,92 @@ class BF16GptModel : public StageModel {
   std::unique_ptr<FlashAttention> attention_;
   Matmul mm_;
   OpProfile prof_;
-  int64_t b_, t_, n_, h_, heads_, head_dim_, ffn_, vocab_;
+  NcclCommunicator* tp_ = nullptr;  // null without tensor parallelism
+  int tp_size_ = 1, tp_rank_ = 0;
+  bool sp_ = false, first_stage_ = true, last_stage_ = true;
+  int first_layer_ = 0;
+  int64_t b_, t_, n_, rows_l_, row_offset_, h_, heads_l_, head_dim_, ffn_l_, vocab_l_, vocab_begin_;
   float eps_;
   bool tanh_gelu_;
-  std::vector<Layer> layers_;
+  std::vector<Weights> layers_;
   std::vector<void*> allocations_;
   int64_t activation_bytes_ = 0;
 
   bf16* w16_ = nullptr;  // bf16 copy of the whole flat parameter buffer
-  const float *wte_, *wpe_, *lnf_w_, *lnf_b_;
-  const bf16* out_w16_;
-  float *d_wte_, *d_wpe_, *d_lnf_w_, *d_lnf_b_, *d_out_w_;
+  const float *wte_ = nullptr, *wpe_ = nullptr, *lnf_w_ = nullptr, *lnf_b_ = nullptr;
+  const bf16* out_w16_ = nullptr;
+  float *d_wte_ = nullptr, *d_wpe_ = nullptr, *d_lnf_w_ = nullptr, *d_lnf_b_ = nullptr,
+        *d_out_w_ = nullptr;
 
-  // Forward state of the one micro-batch in flight.
-  MicroBatch mb_;
-  int32_t *tokens_, *labels_, *positions_;
-  std::vector<bf16*> x_;  // [layers + 1] residual stream, each [n, h]
-  bf16 *branch_, *lnf_, *dlnf_, *logits_;
-  float *lnf_mean_, *lnf_rstd_, *losses_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::unique_ptr<Acts> shared_acts_;  // recomputed layers
+  bf16* shared_gelu_ = nullptr;        // --recompute-gelu
+  int32_t* positions_ = nullptr;       // this rank's rows
+  bf16 *branch_, *branch_l_, *junk_, *lnf_full_, *dlnf_full_, *logits_;
+  float *ce_part_, *ce_max_, *ce_sums_;
   std::vector<float> host_losses_;
-  float grad_scale_ = 0.0f;  // applied to the head's gradient during the forward
-  bool has_grad_ = false;
-  // Backward scratch.
-  bf16 *dx_, *dbranch_, *dln_, *dqkv_, *datt_, *dfc_;
+  // Backward scratch (one backward at a time).
+  bf16 *dx_, *dbranch_, *dbranch_full_, *dln_, *dqkv_, *datt_, *dfc_;
+  bf16 *recv_input_, *recv_grad_;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
   void* attn_workspace_ = nullptr;
-  bf16* shared_gelu_ = nullptr;
   float* bias_grad_ = nullptr;  // [max width], the epilogue's bias gradient before it is added
   int64_t chunk_rows_;
+  std::unique_ptr<GradReducer> reducer_;
+  int backwards_this_step_ = 0;
+  int64_t measured_steps_ = 0;
+  double comm_ms_ = 0.0, exposed_ms_ = 0.0;
 };
 
 BF16GptModel::BF16GptModel(const ckpt::ModelLayout& layout, ParamStore* params,
                            const BF16Options& options, std::unique_ptr<FlashAttention> attention)
     : layout_(layout), params_(params), opt_(options), attention_(std::move(attention)) {
   const ckpt::ModelConfig& c = layout.config();
+  const ckpt::ParallelConfig& p = layout.parallel();
+  tp_ = AsNccl(opt_.tp);
+  if (tp_ != nullptr && tp_->size() > 1) {
+    tp_size_ = tp_->size();
+    tp_rank_ = tp_->rank();
+  } else {
+    tp_ = nullptr;
+  }
+  sp_ = opt_.model.sequence_parallel && tp_size_ > 1;
+  first_stage_ = opt_.pp_rank == 0 && opt_.virtual_chunk == 0;
+  last_stage_ = opt_.pp_rank == p.pp - 1 && opt_.virtual_chunk == p.vpp - 1;
   b_ = opt_.model.micro_batch;
   t_ = opt_.model.seq_length;
   n_ = b_ * t_;
+  rows_l_ = sp_ ? n_ / tp_size_ : n_;
+  row_offset_ = sp_ ? tp_rank_ * rows_l_ : 0;
   h_ = c.hidden_size;
-  heads_ = c.num_attention_heads;
+  heads_l_ = c.num_attention_heads / tp_size_;
   head_dim_ = c.kv_channels;
-  ffn_ = c.ffn_hidden_size;
-  vocab_ = layout.padded_vocab_size();
+  ffn_l_ = c.ffn_hidden_size / tp_size_;
+  vocab_l_ = layout.padded_vocab_size() / tp_size_;
+  vocab_begin_ = tp_rank_ * vocab_l_;
   eps_ = static_cast<float>(c.norm_epsilon);
   tanh_gelu_ = c.activation == ckpt::Activation::kGeluTanh;
   chunk_rows_ = opt_.logits_chunk_rows > 0
                     ? std::min<int64_t>(n_, opt_.logits_chunk_rows)
                     // up to 2 GiB of bf16 logits at a time
-                    : std::clamp<int64_t>((int64_t{1} << 30) / vocab_, 1, n_);
+                    : std::clamp<int64_t>((int64_t{1} << 30) / vocab_l_, 1, n_);
 
   w16_ = Alloc<bf16>(params_->size());
   auto w16 = [&](const std::string& name) -> const bf16* {
-    const float* p = params_->Param(name);
-    return p ? w16_ + (p - params_->data()) : nullptr;
+    const float* q = params_->Param(name);
+    return q ? w16_ + (q - params_->data()) : nullptr;
   };
   auto f32 = [&](const std::string& name) -> const float* { return params_->Param(name); };
   auto grad = [&](const std::string& name) { return params_->Grad(name); };
-
-  const int num_layers = static_cast<int>(c.num_layers);
-  Layer shared{};
-  const int recompute = std::min(opt_.model.recompute_layers, num_layers);
-  if (recompute > 0) AllocActs(&shared);
-  for (int i = 0; i < num_layers; ++i) {
+  const auto [first, last] = layout.StageLayers(opt_.pp_rank, opt_.virtual_chunk);
+  first_layer_ = first;
+  const int recompute = std::min(opt_.model.recompute_layers, last - first);
+  for (int i = first; i < last; ++i) {
     const std::string pre = absl::StrFormat("decoder.layers.%d.", i);
-    Layer w{};
-    if (i < recompute) {
-      w = shared;
-      w.recompute = true;
-    } else {
-      AllocActs(&w);
-    }
+    Weights w{};
+    w.global = i;
+    w.recompute = i - first < recompute;
     w.ln1_w = f32(pre + "input_layernorm.weight");
     w.ln1_b = f32(pre + "input_layernorm.bias");
     w.qkv_w = w16(pre + "self_attention.linear_qkv.weight");
@@ -253,188 +323,332 @@ BF16GptModel::BF16GptModel(const ckpt::ModelLayout& layout, ParamStore* params,
     w.d_fc2_b = grad(pre + "mlp.linear_fc2.bias");
     layers_.push_back(w);
   }
-  wte_ = f32("embedding.word_embeddings.weight");
-  wpe_ = f32("embedding.position_embeddings.weight");
-  d_wte_ = grad("embedding.word_embeddings.weight");
-  d_wpe_ = grad("embedding.position_embeddings.weight");
-  lnf_w_ = f32("decoder.final_layernorm.weight");
-  lnf_b_ = f32("decoder.final_layernorm.bias");
-  d_lnf_w_ = grad("decoder.final_layernorm.weight");
-  d_lnf_b_ = grad("decoder.final_layernorm.bias");
-  if (params_->Find("output_layer.weight") != nullptr) {
-    out_w16_ = w16("output_layer.weight");
-    d_out_w_ = grad("output_layer.weight");
-  } else {
-    out_w16_ = w16("embedding.word_embeddings.weight");
-    d_out_w_ = d_wte_;
+  if (first_stage_) {
+    wte_ = f32("embedding.word_embeddings.weight");
+    wpe_ = f32("embedding.position_embeddings.weight");
+    d_wte_ = grad("embedding.word_embeddings.weight");
+    d_wpe_ = grad("embedding.position_embeddings.weight");
+  }
+  if (last_stage_) {
+    lnf_w_ = f32("decoder.final_layernorm.weight");
+    lnf_b_ = f32("decoder.final_layernorm.bias");
+    d_lnf_w_ = grad("decoder.final_layernorm.weight");
+    d_lnf_b_ = grad("decoder.final_layernorm.bias");
+    // One stage with tied embeddings: the output layer is the embedding itself; otherwise the
+    // last stage holds its own copy (tied: kept equal by the optimizer).
+    if (params_->Find("output_layer.weight") != nullptr) {
+      out_w16_ = w16("output_layer.weight");
+      d_out_w_ = grad("output_layer.weight");
+    } else {
+      out_w16_ = w16("embedding.word_embeddings.weight");
+      d_out_w_ = grad("embedding.word_embeddings.weight");
+    }
   }
 
-  tokens_ = Alloc<int32_t>(n_);
-  labels_ = Alloc<int32_t>(n_);
-  positions_ = Alloc<int32_t>(n_);
-  std::vector<int32_t> positions(n_);
-  for (int64_t r = 0; r < n_; ++r) positions[r] = static_cast<int32_t>(r % t_);
-  LT_CUDA_CHECK(cudaMemcpyAsync(positions_, positions.data(), n_ * sizeof(int32_t),
+  positions_ = Alloc<int32_t>(rows_l_);
+  std::vector<int32_t> positions(rows_l_);
+  for (int64_t r = 0; r < rows_l_; ++r) positions[r] = static_cast<int32_t>((row_offset_ + r) % t_);
+  LT_CUDA_CHECK(cudaMemcpyAsync(positions_, positions.data(), rows_l_ * sizeof(int32_t),
                                 cudaMemcpyHostToDevice, MainStream()));
-  for (int l = 0; l <= num_layers; ++l) x_.push_back(Alloc<bf16>(n_ * h_));
   branch_ = Alloc<bf16>(n_ * h_);
-  lnf_ = Alloc<bf16>(n_ * h_);
-  dlnf_ = Alloc<bf16>(n_ * h_);
-  lnf_mean_ = Alloc<float>(n_);
-  lnf_rstd_ = Alloc<float>(n_);
-  losses_ = Alloc<float>(n_);
-  logits_ = Alloc<bf16>(chunk_rows_ * vocab_);
+  branch_l_ = sp_ ? Alloc<bf16>(rows_l_ * h_) : branch_;
+  junk_ = Alloc<bf16>(rows_l_ * h_);
+  if (last_stage_) {
+    lnf_full_ = sp_ ? Alloc<bf16>(n_ * h_) : nullptr;
+    dlnf_full_ = Alloc<bf16>(n_ * h_);
+    logits_ = Alloc<bf16>(chunk_rows_ * vocab_l_);
+    ce_part_ = Alloc<float>(3 * chunk_rows_);
+    ce_max_ = Alloc<float>(chunk_rows_);
+    ce_sums_ = Alloc<float>(2 * chunk_rows_);
+  }
   host_losses_.resize(n_);
-  dx_ = Alloc<bf16>(n_ * h_);
-  dbranch_ = Alloc<bf16>(n_ * h_);
+  dx_ = Alloc<bf16>(rows_l_ * h_);
+  dbranch_ = Alloc<bf16>(rows_l_ * h_);
+  dbranch_full_ = sp_ ? Alloc<bf16>(n_ * h_) : dbranch_;
   dln_ = Alloc<bf16>(n_ * h_);
-  dqkv_ = Alloc<bf16>(n_ * 3 * h_);
-  datt_ = Alloc<bf16>(n_ * h_);
-  dfc_ = Alloc<bf16>(n_ * ffn_);
-  scratch_bytes_ = std::max({LayerNormBackwardScratchBytes(n_, h_),
-                             ColumnSumScratchBytes(n_, std::max<int64_t>(3 * h_, ffn_)),
-                             EmbeddingBackwardScratchBytes(n_, h_), size_t{1} << 20});
+  dqkv_ = Alloc<bf16>(n_ * 3 * heads_l_ * head_dim_);
+  datt_ = Alloc<bf16>(n_ * heads_l_ * head_dim_);
+  dfc_ = Alloc<bf16>(n_ * ffn_l_);
+  recv_input_ = Alloc<bf16>(rows_l_ * h_);
+  recv_grad_ = Alloc<bf16>(rows_l_ * h_);
+  const int64_t widest = std::max<int64_t>(3 * heads_l_ * head_dim_, std::max(ffn_l_, h_));
+  scratch_bytes_ =
+      std::max({LayerNormBackwardScratchBytes(rows_l_, h_), ColumnSumScratchBytes(n_, widest),
+                EmbeddingBackwardScratchBytes(n_, h_), size_t{1} << 20});
   scratch_ = Alloc<char>(scratch_bytes_);
-  bias_grad_ = Alloc<float>(std::max<int64_t>(3 * h_, ffn_));
+  bias_grad_ = Alloc<float>(widest);
   attn_workspace_ = Alloc<char>(attention_->workspace_bytes());
+
+  NcclCommunicator* dp = AsNccl(opt_.dp);
+  if (opt_.overlap_grad_reduce && dp != nullptr && dp->size() > 1) {
+    // This chunk's tensors only: its layers, and the embeddings (first stage) or the final norm
+    // and output layer (last stage).
+    std::vector<std::pair<size_t, size_t>> ranges(layers_.size(), {SIZE_MAX, 0}), end;
+    for (const ParamView& v : params_->views()) {
+      int layer = -1;
+      if (std::sscanf(v.name.c_str(), "decoder.layers.%d.", &layer) == 1) {
+        if (layer < first_layer_ || layer >= last_layer()) continue;
+        auto& r = ranges[layer - first_layer_];
+        r.first = std::min(r.first, v.offset);
+        r.second = std::max(r.second, v.offset + v.numel);
+      } else if ((first_stage_ && v.name.rfind("embedding.", 0) == 0) ||
+                 (last_stage_ && v.name.rfind("embedding.", 0) != 0)) {
+        end.push_back({v.offset, v.offset + v.numel});
+      }
+    }
+    reducer_ = std::make_unique<GradReducer>(
+        dp, params_->grad(),
+        GradReducer::Plan(ranges, end, static_cast<size_t>(opt_.bucket_elements)));
+  }
   LT_CUDA_CHECK(cudaStreamSynchronize(MainStream()));
 }
 
 BF16GptModel::~BF16GptModel() {
   cudaStreamSynchronize(MainStream());
-  for (void* p : allocations_) cudaFree(p);
+  for (void* q : allocations_) cudaFree(q);
 }
 
-void BF16GptModel::AllocActs(Layer* a) {
-  a->ln1 = Alloc<bf16>(n_ * h_);
-  a->qkv = Alloc<bf16>(n_ * 3 * h_);
-  a->att = Alloc<bf16>(n_ * h_);
-  a->mid = Alloc<bf16>(n_ * h_);
-  a->ln2 = Alloc<bf16>(n_ * h_);
-  a->pre = Alloc<bf16>(n_ * ffn_);
+BF16GptModel::Acts BF16GptModel::MakeActs() {
+  Acts a;
+  a.ln1 = Alloc<bf16>(n_ * h_);
+  a.qkv = Alloc<bf16>(n_ * 3 * heads_l_ * head_dim_);
+  a.att = Alloc<bf16>(n_ * heads_l_ * head_dim_);
+  a.mid = Alloc<bf16>(rows_l_ * h_);
+  a.ln2 = Alloc<bf16>(n_ * h_);
+  a.pre = Alloc<bf16>(n_ * ffn_l_);
   // With GELU recomputation every layer shares one GELU buffer, rebuilt in the backward.
   if (opt_.recompute_gelu) {
-    if (shared_gelu_ == nullptr) shared_gelu_ = Alloc<bf16>(n_ * ffn_);
-    a->gelu = shared_gelu_;
+    if (shared_gelu_ == nullptr) shared_gelu_ = Alloc<bf16>(n_ * ffn_l_);
+    a.gelu = shared_gelu_;
   } else {
-    a->gelu = Alloc<bf16>(n_ * ffn_);
+    a.gelu = Alloc<bf16>(n_ * ffn_l_);
   }
-  a->ln1_mean = Alloc<float>(n_);
-  a->ln1_rstd = Alloc<float>(n_);
-  a->ln2_mean = Alloc<float>(n_);
-  a->ln2_rstd = Alloc<float>(n_);
-  a->stats = Alloc<float>(b_ * heads_ * t_);
+  a.ln1_mean = Alloc<float>(rows_l_);
+  a.ln1_rstd = Alloc<float>(rows_l_);
+  a.ln2_mean = Alloc<float>(rows_l_);
+  a.ln2_rstd = Alloc<float>(rows_l_);
+  a.stats = Alloc<float>(b_ * heads_l_ * t_);
+  return a;
 }
 
-HiddenDropout BF16GptModel::Drop(int layer, int site) const {
+// Slots are allocated on first use; the schedule uses at most min(micro-batches, warm-up + 1).
+BF16GptModel::Slot& BF16GptModel::GetSlot(int index) {
+  if (index < static_cast<int>(slots_.size()) && slots_[index]) return *slots_[index];
+  if (index >= static_cast<int>(slots_.size())) slots_.resize(index + 1);
+  auto s = std::make_unique<Slot>();
+  s->tokens = Alloc<int32_t>(n_);
+  s->labels = Alloc<int32_t>(n_);
+  for (size_t l = 0; l <= layers_.size(); ++l) s->x.push_back(Alloc<bf16>(rows_l_ * h_));
+  for (const Weights& w : layers_) {
+    if (w.recompute) {
+      if (!shared_acts_) shared_acts_ = std::make_unique<Acts>(MakeActs());
+      s->acts.push_back(*shared_acts_);
+    } else {
+      s->acts.push_back(MakeActs());
+    }
+  }
+  if (last_stage_) {
+    s->lnf = sp_ ? Alloc<bf16>(rows_l_ * h_) : Alloc<bf16>(n_ * h_);
+    s->dlnf = Alloc<bf16>(rows_l_ * h_);
+    s->lnf_mean = Alloc<float>(rows_l_);
+    s->lnf_rstd = Alloc<float>(rows_l_);
+    s->losses = Alloc<float>(n_);
+  }
+  slots_[index] = std::move(s);
+  return *slots_[index];
+}
+
+HiddenDropout BF16GptModel::Drop(const Slot& s, int global_layer, int site) const {
   HiddenDropout d;
-  d.p = mb_.training ? opt_.model.hidden_dropout : 0.0f;
-  d.seed = DropoutSiteSeed(opt_.model.seed, layer, site);
-  d.first_sample = mb_.first_sample;
+  d.p = s.mb.training ? opt_.model.hidden_dropout : 0.0f;
+  d.seed = DropoutSiteSeed(opt_.model.seed, global_layer, site);
+  d.first_sample = s.mb.first_sample;
   d.seq_length = t_;
-  d.row_offset = 0;
+  d.row_offset = row_offset_;
   return d;
+}
+
+void BF16GptModel::GatherRows(bf16* full) {
+  if (!sp_) return;
+  prof_.Begin("tensor-parallel communication");
+  tp_->AllGather(LocalRows(full), full, rows_l_ * h_, CommType::kBF16, MainStream());
+}
+
+void BF16GptModel::GatherRowsFrom(const bf16* local, bf16* full) {
+  if (!sp_) return;
+  prof_.Begin("tensor-parallel communication");
+  tp_->AllGather(local, full, rows_l_ * h_, CommType::kBF16, MainStream());
+}
+
+void BF16GptModel::ReduceRows(bf16* full, bf16* local) {
+  if (tp_ == nullptr) {
+    if (local != full)
+      LT_CUDA_CHECK(cudaMemcpyAsync(local, full, rows_l_ * h_ * sizeof(bf16),
+                                    cudaMemcpyDeviceToDevice, MainStream()));
+    return;
+  }
+  prof_.Begin("tensor-parallel communication");
+  if (sp_) {
+    tp_->ReduceScatter(full, local, rows_l_ * h_, CommType::kBF16, MainStream());
+  } else {
+    tp_->AllReduce(full, n_ * h_, CommType::kBF16, MainStream());
+    if (local != full)
+      LT_CUDA_CHECK(cudaMemcpyAsync(local, full, n_ * h_ * sizeof(bf16), cudaMemcpyDeviceToDevice,
+                                    MainStream()));
+  }
+}
+
+void BF16GptModel::NormGather(bf16* out_full, float* mean, float* rstd, const bf16* residual,
+                              const bf16* branch, bf16* x_out, const float* w, const float* b,
+                              const HiddenDropout& d) {
+  prof_.Begin("residual+layernorm fwd");
+  AddLayerNormForward<bf16>(x_out, LocalRows(out_full), mean, rstd, residual, branch, w, b, rows_l_,
+                            h_, eps_, d, MainStream());
+  GatherRows(out_full);
+  prof_.End();
 }
 
 void BF16GptModel::BeginStep() {
   prof_.Step();
+  if (reducer_ != nullptr && backwards_this_step_ > 0) {
+    double comm = 0, exposed = 0;
+    reducer_->LastStep(&comm, &exposed);
+    if (comm > 0) {
+      comm_ms_ += comm;
+      exposed_ms_ += exposed;
+      ++measured_steps_;
+    }
+  }
+  backwards_this_step_ = 0;
   ConvertFromFloat<bf16>(w16_, params_->data(), params_->size(), MainStream());
 }
 
-void BF16GptModel::LayerForward(int l) {
-  Layer& a = layers_[l];
+void BF16GptModel::LayerForward(Slot& s, int l) {
+  const Weights& w = layers_[l];
+  Acts& a = s.acts[l];
+  const int64_t qkv_w = 3 * heads_l_ * head_dim_, att_w = heads_l_ * head_dim_;
   prof_.Begin("matmul fwd qkv");
-  mm_.Forward(a.qkv, a.ln1, a.qkv_w, a.qkv_b, n_, h_, 3 * h_);
+  mm_.Forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, n_, h_, qkv_w);
   prof_.Begin("attention fwd");
   attention_->Forward(a.att, a.stats, a.qkv, attn_workspace_);
   prof_.Begin("matmul fwd proj");
-  mm_.Forward(branch_, a.att, a.proj_w, a.proj_b, n_, h_, h_);
-  prof_.Begin("residual+layernorm fwd");
-  AddLayerNormForward<bf16>(a.mid, a.ln2, a.ln2_mean, a.ln2_rstd, x_[l], branch_, a.ln2_w, a.ln2_b,
-                            n_, h_, eps_, Drop(l, 1), MainStream());
+  mm_.Forward(branch_, a.att, w.proj_w, RowParallelBias(w.proj_b), n_, att_w, h_);
+  ReduceRows(branch_, branch_l_);
+  NormGather(a.ln2, a.ln2_mean, a.ln2_rstd, s.x[l], branch_l_, a.mid, w.ln2_w, w.ln2_b,
+             Drop(s, w.global, 1));
   prof_.Begin("matmul fwd fc1");
   if (tanh_gelu_) {  // GELU in the matmul's epilogue
-    mm_.ForwardGelu(a.gelu, a.pre, a.ln2, a.fc1_w, a.fc1_b, n_, h_, ffn_);
+    mm_.ForwardGelu(a.gelu, a.pre, a.ln2, w.fc1_w, w.fc1_b, n_, h_, ffn_l_);
   } else {
-    mm_.Forward(a.pre, a.ln2, a.fc1_w, a.fc1_b, n_, h_, ffn_);
+    mm_.Forward(a.pre, a.ln2, w.fc1_w, w.fc1_b, n_, h_, ffn_l_);
     prof_.Begin("gelu");
-    GeluForward<bf16>(a.gelu, a.pre, n_ * ffn_, false, MainStream());
+    GeluForward<bf16>(a.gelu, a.pre, n_ * ffn_l_, false, MainStream());
   }
   prof_.Begin("matmul fwd fc2");
-  mm_.Forward(branch_, a.gelu, a.fc2_w, a.fc2_b, n_, ffn_, h_);
+  mm_.Forward(branch_, a.gelu, w.fc2_w, RowParallelBias(w.fc2_b), n_, ffn_l_, h_);
+  ReduceRows(branch_, branch_l_);
   prof_.End();
 }
 
-void BF16GptModel::ResidualNorm(int l, bf16* out, float* mean, float* rstd, const float* w,
+void BF16GptModel::ResidualNorm(Slot& s, int l, bf16* out, float* mean, float* rstd, const float* w,
                                 const float* b) {
-  prof_.Begin("residual+layernorm fwd");
-  AddLayerNormForward<bf16>(x_[l + 1], out, mean, rstd, layers_[l].mid, branch_, w, b, n_, h_, eps_,
-                            Drop(l, 2), MainStream());
-  prof_.End();
+  NormGather(out, mean, rstd, s.acts[l].mid, branch_l_, s.x[l + 1], w, b,
+             Drop(s, layers_[l].global, 2));
 }
 
-float BF16GptModel::Forward(int, const MicroBatch& mb, const float*) {
-  mb_ = mb;
+float BF16GptModel::Forward(int slot, const MicroBatch& mb, const float* input) {
+  Slot& s = GetSlot(slot);
+  s.mb = mb;
   int64_t valid = 0;
   for (int32_t label : mb.labels) valid += label >= 0;
-  has_grad_ = mb.training && valid > 0;
-  grad_scale_ = has_grad_ ? opt_.loss_scale / static_cast<float>(valid) : 0.0f;
-  LT_CUDA_CHECK(cudaMemcpyAsync(tokens_, mb.tokens.data(), n_ * sizeof(int32_t),
+  s.has_grad = mb.training && valid > 0;
+  s.grad_scale = s.has_grad ? opt_.loss_scale / static_cast<float>(valid) : 0.0f;
+  LT_CUDA_CHECK(cudaMemcpyAsync(s.tokens, mb.tokens.data(), n_ * sizeof(int32_t),
                                 cudaMemcpyHostToDevice, MainStream()));
-  LT_CUDA_CHECK(cudaMemcpyAsync(labels_, mb.labels.data(), n_ * sizeof(int32_t),
+  LT_CUDA_CHECK(cudaMemcpyAsync(s.labels, mb.labels.data(), n_ * sizeof(int32_t),
                                 cudaMemcpyHostToDevice, MainStream()));
-  prof_.Begin("embedding fwd");
-  EmbeddingForward<bf16>(x_[0], tokens_, wte_, n_, h_, 0, vocab_, MainStream());
-  PositionForward<bf16>(x_[0], positions_, wpe_, n_, h_, MainStream());
-  Dropout<bf16>(x_[0], n_, h_, Drop(-1, 0), MainStream());
-  prof_.Begin("residual+layernorm fwd");
+  if (first_stage_) {
+    prof_.Begin("embedding fwd");
+    // Vocabulary-parallel lookup: each rank fills the rows whose ids it owns, the rest zero.
+    EmbeddingForward<bf16>(branch_, s.tokens, wte_, n_, h_, vocab_begin_, vocab_begin_ + vocab_l_,
+                           MainStream());
+    ReduceRows(branch_, s.x[0]);
+    prof_.Begin("embedding fwd");
+    PositionForward<bf16>(s.x[0], positions_, wpe_, rows_l_, h_, MainStream());
+    Dropout<bf16>(s.x[0], rows_l_, h_, Drop(s, -1, 0), MainStream());
+  } else {
+    LT_CUDA_CHECK(cudaMemcpyAsync(s.x[0], input, rows_l_ * h_ * sizeof(bf16),
+                                  cudaMemcpyDeviceToDevice, MainStream()));
+  }
   const int num_layers = static_cast<int>(layers_.size());
   if (num_layers > 0) {
-    Layer& a = layers_[0];
-    AddLayerNormForward<bf16>(nullptr, a.ln1, a.ln1_mean, a.ln1_rstd, nullptr, x_[0], a.ln1_w,
-                              a.ln1_b, n_, h_, eps_, Drop(-1, 0), MainStream());
+    const Weights& w = layers_[0];
+    NormGather(s.acts[0].ln1, s.acts[0].ln1_mean, s.acts[0].ln1_rstd, nullptr, s.x[0], nullptr,
+               w.ln1_w, w.ln1_b, Drop(s, -1, 0));
   }
-  prof_.End();
   for (int l = 0; l < num_layers; ++l) {
-    LayerForward(l);
+    LayerForward(s, l);
     if (l + 1 < num_layers) {
-      Layer& next = layers_[l + 1];
-      ResidualNorm(l, next.ln1, next.ln1_mean, next.ln1_rstd, next.ln1_w, next.ln1_b);
-    } else {
-      ResidualNorm(l, lnf_, lnf_mean_, lnf_rstd_, lnf_w_, lnf_b_);
+      const Weights& next = layers_[l + 1];
+      ResidualNorm(s, l, s.acts[l + 1].ln1, s.acts[l + 1].ln1_mean, s.acts[l + 1].ln1_rstd,
+                   next.ln1_w, next.ln1_b);
+    } else if (last_stage_) {
+      ResidualNorm(s, l, sp_ ? lnf_full_ : s.lnf, s.lnf_mean, s.lnf_rstd, lnf_w_, lnf_b_);
+    } else {  // the stage's output x[L]; the LayerNorm output is not needed
+      prof_.Begin("residual+layernorm fwd");
+      AddLayerNormForward<bf16>(s.x[l + 1], junk_, nullptr, nullptr, s.acts[l].mid, branch_l_,
+                                layers_[l].ln1_w, layers_[l].ln1_b, rows_l_, h_, eps_,
+                                Drop(s, layers_[l].global, 2), MainStream());
+      prof_.End();
     }
   }
+  if (!last_stage_) return 0.0f;
   if (num_layers == 0) {
-    AddLayerNormForward<bf16>(nullptr, lnf_, lnf_mean_, lnf_rstd_, nullptr, x_[0], lnf_w_, lnf_b_,
-                              n_, h_, eps_, Drop(-1, 0), MainStream());
+    NormGather(sp_ ? lnf_full_ : s.lnf, s.lnf_mean, s.lnf_rstd, nullptr, s.x[0], nullptr, lnf_w_,
+               lnf_b_, Drop(s, -1, 0));
   }
-  return HeadForward();
+  return HeadForward(s);
 }
 
 // Logits a chunk of rows at a time: loss, and when training the gradient back to the final
-// LayerNorm's output (dlnf_) and into the output weight, scaled by loss_scale / tokens.
-float BF16GptModel::HeadForward() {
+// LayerNorm's output and into the output weight, scaled by loss_scale / tokens. Under TP each
+// rank holds a vocabulary shard and the softmax statistics are combined across ranks.
+float BF16GptModel::HeadForward(Slot& s) {
+  const bf16* lnf = sp_ ? lnf_full_ : s.lnf;  // all rows
+  bf16* dlnf = sp_ ? dlnf_full_ : s.dlnf;     // all rows (partial sums under TP)
   for (int64_t r0 = 0; r0 < n_; r0 += chunk_rows_) {
     const int64_t rows = std::min(chunk_rows_, n_ - r0);
     prof_.Begin("matmul head fwd");
-    mm_.Forward(logits_, lnf_ + r0 * h_, out_w16_, nullptr, rows, h_, vocab_);
+    mm_.Forward(logits_, lnf + r0 * h_, out_w16_, nullptr, rows, h_, vocab_l_);
     prof_.Begin("cross-entropy");
-    CrossEntropyForwardBackward<bf16>(losses_ + r0, logits_, labels_ + r0, rows, vocab_,
-                                      grad_scale_, MainStream());
-    if (has_grad_) {
+    if (tp_ == nullptr) {
+      CrossEntropyForwardBackward<bf16>(s.losses + r0, logits_, s.labels + r0, rows, vocab_l_,
+                                        s.grad_scale, MainStream());
+    } else {
+      CrossEntropyShardPartials<bf16>(ce_part_, logits_, s.labels + r0, rows, vocab_l_,
+                                      vocab_begin_, MainStream());
+      CrossEntropyShardMax(ce_max_, ce_part_, rows, MainStream());
+      tp_->AllReduce(ce_max_, rows, CommType::kF32, MainStream(), ReduceOp::kMax);
+      CrossEntropyShardRescale(ce_sums_, ce_part_, ce_max_, rows, MainStream());
+      tp_->AllReduce(ce_sums_, 2 * rows, CommType::kF32, MainStream());
+      CrossEntropyShardFinish<bf16>(s.losses + r0, logits_, s.labels + r0, ce_max_, ce_sums_, rows,
+                                    vocab_l_, vocab_begin_, s.grad_scale, MainStream());
+    }
+    if (s.has_grad) {
       prof_.Begin("matmul head bwd");
-      mm_.BackwardData(dlnf_ + r0 * h_, logits_, out_w16_, rows, h_, vocab_);
-      mm_.BackwardWeight(d_out_w_, logits_, lnf_ + r0 * h_, rows, h_, vocab_);
+      mm_.BackwardData(dlnf + r0 * h_, logits_, out_w16_, rows, h_, vocab_l_);
+      mm_.BackwardWeight(d_out_w_, logits_, lnf + r0 * h_, rows, h_, vocab_l_);
     }
   }
+  if (s.has_grad) ReduceRows(dlnf, s.dlnf);
   prof_.End();
-  LT_CUDA_CHECK(cudaMemcpyAsync(host_losses_.data(), losses_, n_ * sizeof(float),
+  LT_CUDA_CHECK(cudaMemcpyAsync(host_losses_.data(), s.losses, n_ * sizeof(float),
                                 cudaMemcpyDeviceToHost, MainStream()));
   LT_CUDA_CHECK(cudaStreamSynchronize(MainStream()));
   double sum = 0.0;
   int64_t count = 0;
   for (int64_t r = 0; r < n_; ++r) {
-    if (mb_.labels[r] < 0) continue;
+    if (s.mb.labels[r] < 0) continue;
     sum += host_losses_[r];
     ++count;
   }
@@ -451,68 +665,137 @@ void BF16GptModel::WeightGrad(float* dw, float* db, const bf16* dout, const bf16
   if (db != nullptr) ColumnSumAccumulate<bf16>(db, dout, n_, n, scratch(), MainStream());
 }
 
-void BF16GptModel::LayerBackward(int l) {
-  Layer& a = layers_[l];
-  if (a.recompute) {
+void BF16GptModel::LayerBackward(Slot& s, int l) {
+  const Weights& w = layers_[l];
+  Acts& a = s.acts[l];
+  const int64_t qkv_w = 3 * heads_l_ * head_dim_, att_w = heads_l_ * head_dim_;
+  if (w.recompute) {
     prof_.Begin("recompute");
-    AddLayerNormForward<bf16>(nullptr, a.ln1, a.ln1_mean, a.ln1_rstd, nullptr, x_[l], a.ln1_w,
-                              a.ln1_b, n_, h_, eps_, Drop(l - 1, 2), MainStream());
-    LayerForward(l);  // ends with the MLP output in branch_, which the backward does not need
+    NormGather(a.ln1, a.ln1_mean, a.ln1_rstd, nullptr, s.x[l], nullptr, w.ln1_w, w.ln1_b,
+               Drop(s, w.global - 1, 2));
+    LayerForward(s, l);  // ends with the MLP output in branch_, which the backward does not need
   } else if (opt_.recompute_gelu) {
     prof_.Begin("gelu");
-    GeluForward<bf16>(a.gelu, a.pre, n_ * ffn_, tanh_gelu_, MainStream());
+    GeluForward<bf16>(a.gelu, a.pre, n_ * ffn_l_, tanh_gelu_, MainStream());
   }
-  // On entry dx_ = d(x_[l+1]) and dbranch_ = d(MLP output), the dropout already applied.
+  // On entry dx_ = d(x[l+1]) and dbranch_ = d(MLP output) for this rank's rows, dropout applied.
+  // A row-parallel bias's gradient under SP comes from this rank's rows (summed over TP by the
+  // optimizer); otherwise from all rows.
+  auto row_parallel_grads = [&](float* dw, float* db, const bf16* in, int64_t k) {
+    if (sp_) {
+      if (db != nullptr)
+        ColumnSumAccumulate<bf16>(db, dbranch_, rows_l_, h_, scratch(), MainStream());
+      mm_.BackwardWeight(dw, dbranch_full_, in, n_, k, h_);
+    } else {
+      WeightGrad(dw, db, dbranch_full_, in, k, h_);
+    }
+  };
+  GatherRowsFrom(dbranch_, dbranch_full_);
   prof_.Begin("matmul bwd fc2");
-  WeightGrad(a.d_fc2_w, a.d_fc2_b, dbranch_, a.gelu, ffn_, h_);
+  row_parallel_grads(w.d_fc2_w, w.d_fc2_b, a.gelu, ffn_l_);
   if (tanh_gelu_) {  // GELU's derivative in the matmul's epilogue
-    mm_.BackwardDataGelu(dfc_, dbranch_, a.fc2_w, a.pre, n_, ffn_, h_);
+    mm_.BackwardDataGelu(dfc_, dbranch_full_, w.fc2_w, a.pre, n_, ffn_l_, h_);
   } else {
-    mm_.BackwardData(dfc_, dbranch_, a.fc2_w, n_, ffn_, h_);
+    mm_.BackwardData(dfc_, dbranch_full_, w.fc2_w, n_, ffn_l_, h_);
     prof_.Begin("gelu");
-    GeluBackward<bf16>(dfc_, dfc_, a.pre, n_ * ffn_, false, MainStream());
+    GeluBackward<bf16>(dfc_, dfc_, a.pre, n_ * ffn_l_, false, MainStream());
   }
   prof_.Begin("matmul bwd fc1");
-  mm_.BackwardData(dln_, dfc_, a.fc1_w, n_, h_, ffn_);
-  WeightGrad(a.d_fc1_w, a.d_fc1_b, dfc_, a.ln2, h_, ffn_);
+  mm_.BackwardData(dln_, dfc_, w.fc1_w, n_, h_, ffn_l_);
+  WeightGrad(w.d_fc1_w, w.d_fc1_b, dfc_, a.ln2, h_, ffn_l_);
+  ReduceRows(dln_, LocalRows(dln_));
   prof_.Begin("layernorm bwd");
-  LayerNormBackward<bf16>(dx_, dbranch_, a.d_ln2_w, a.d_ln2_b, dln_, dx_, a.mid, a.ln2_w,
-                          a.ln2_mean, a.ln2_rstd, n_, h_, Drop(l, 1), scratch(), MainStream());
+  LayerNormBackward<bf16>(dx_, dbranch_, w.d_ln2_w, w.d_ln2_b, LocalRows(dln_), dx_, a.mid, w.ln2_w,
+                          a.ln2_mean, a.ln2_rstd, rows_l_, h_, Drop(s, w.global, 1), scratch(),
+                          MainStream());
+  GatherRowsFrom(dbranch_, dbranch_full_);
   prof_.Begin("matmul bwd proj");
-  mm_.BackwardData(datt_, dbranch_, a.proj_w, n_, h_, h_);
-  WeightGrad(a.d_proj_w, a.d_proj_b, dbranch_, a.att, h_, h_);
+  mm_.BackwardData(datt_, dbranch_full_, w.proj_w, n_, att_w, h_);
+  row_parallel_grads(w.d_proj_w, w.d_proj_b, a.att, att_w);
   prof_.Begin("attention bwd");
   attention_->Backward(dqkv_, datt_, a.qkv, a.att, a.stats, attn_workspace_);
   prof_.Begin("matmul bwd qkv");
-  mm_.BackwardData(dln_, dqkv_, a.qkv_w, n_, h_, 3 * h_);
-  WeightGrad(a.d_qkv_w, a.d_qkv_b, dqkv_, a.ln1, h_, 3 * h_);
-  // d(x_[l]) = residual + LayerNorm's share; the part into the previous layer's MLP output (or
+  mm_.BackwardData(dln_, dqkv_, w.qkv_w, n_, h_, qkv_w);
+  WeightGrad(w.d_qkv_w, w.d_qkv_b, dqkv_, a.ln1, h_, qkv_w);
+  ReduceRows(dln_, LocalRows(dln_));
+  // d(x[l]) = residual + LayerNorm's share; the part into the previous layer's MLP output (or
   // the embedding) goes through that site's dropout mask.
   prof_.Begin("layernorm bwd");
-  LayerNormBackward<bf16>(dx_, dbranch_, a.d_ln1_w, a.d_ln1_b, dln_, dx_, x_[l], a.ln1_w,
-                          a.ln1_mean, a.ln1_rstd, n_, h_, l > 0 ? Drop(l - 1, 2) : Drop(-1, 0),
-                          scratch(), MainStream());
+  LayerNormBackward<bf16>(dx_, dbranch_, w.d_ln1_w, w.d_ln1_b, LocalRows(dln_), dx_, s.x[l],
+                          w.ln1_w, a.ln1_mean, a.ln1_rstd, rows_l_, h_,
+                          w.global > 0 ? Drop(s, w.global - 1, 2) : Drop(s, -1, 0), scratch(),
+                          MainStream());
   prof_.End();
 }
 
-void BF16GptModel::Backward(int, const float*, float loss_scale) {
-  if (!has_grad_) return;  // no labelled token: no gradient
+std::string BF16GptModel::TimeReport() const {
+  std::string out;
+  double compute = 0, comm = 0;
+  if (prof_.Averages(&compute, &comm)) {
+    out = absl::StrFormat(
+        "GPU time per step in this model chunk's forward and backward: compute %.1f ms, "
+        "tensor-parallel communication %.1f ms (on the critical path); the rest of the step is "
+        "the optimizer, waiting for pipeline peers (bubble) and host work",
+        compute, comm);
+  }
+  if (reducer_ != nullptr && measured_steps_ > 0) {
+    absl::StrAppendFormat(&out,
+                          "%sdata-parallel gradient all-reduce overlapped with the backward: "
+                          "%.1f ms per step from the first bucket to the last, %.1f ms of it "
+                          "exposed (the backward had finished)",
+                          out.empty() ? "" : "; ", comm_ms_ / measured_steps_,
+                          exposed_ms_ / measured_steps_);
+  }
+  return out;
+}
+
+void BF16GptModel::Backward(int slot, const float* doutput, float loss_scale) {
+  Slot& s = *slots_[slot];
+  ++backwards_this_step_;
+  if (reducer_ != nullptr) reducer_->BeginBackward(backwards_this_step_ == opt_.num_micro_batches);
+  const int num_layers = static_cast<int>(layers_.size());
+  if (last_stage_ && !s.has_grad) {  // no labelled token: no gradient, the reduction still runs
+    if (reducer_ != nullptr) {
+      for (int l = num_layers - 1; l >= 0; --l) reducer_->LayerDone(l);
+      reducer_->BackwardDone();
+    }
+    LT_CUDA_CHECK(cudaMemsetAsync(dx_, 0, rows_l_ * h_ * sizeof(bf16), MainStream()));
+    return;
+  }
   if (loss_scale != opt_.loss_scale) {
     Die("BF16GptModel::Backward", "loss scale differs from the one the forward applied", __FILE__,
         __LINE__);
   }
-  const int num_layers = static_cast<int>(layers_.size());
-  prof_.Begin("layernorm bwd");
-  LayerNormBackward<bf16>(dx_, dbranch_, d_lnf_w_, d_lnf_b_, dlnf_, nullptr, x_[num_layers], lnf_w_,
-                          lnf_mean_, lnf_rstd_, n_, h_,
-                          num_layers > 0 ? Drop(num_layers - 1, 2) : Drop(-1, 0), scratch(),
-                          MainStream());
+  const HiddenDropout last_drop =
+      num_layers > 0 ? Drop(s, layers_.back().global, 2) : Drop(s, -1, 0);
+  if (last_stage_) {
+    prof_.Begin("layernorm bwd");
+    LayerNormBackward<bf16>(dx_, dbranch_, d_lnf_w_, d_lnf_b_, s.dlnf, nullptr, s.x[num_layers],
+                            lnf_w_, s.lnf_mean, s.lnf_rstd, rows_l_, h_, last_drop, scratch(),
+                            MainStream());
+  } else {  // the next stage's gradient of this stage's output
+    prof_.Begin("stage input");
+    LT_CUDA_CHECK(cudaMemcpyAsync(dx_, doutput, rows_l_ * h_ * sizeof(bf16),
+                                  cudaMemcpyDeviceToDevice, MainStream()));
+    LT_CUDA_CHECK(cudaMemcpyAsync(dbranch_, doutput, rows_l_ * h_ * sizeof(bf16),
+                                  cudaMemcpyDeviceToDevice, MainStream()));
+    Dropout<bf16>(dbranch_, rows_l_, h_, last_drop, MainStream());
+  }
   prof_.End();
-  for (int l = num_layers - 1; l >= 0; --l) LayerBackward(l);
-  prof_.Begin("embedding bwd");
-  EmbeddingBackward<bf16>(d_wte_, dbranch_, tokens_, n_, h_, 0, vocab_, scratch(), MainStream());
-  PositionBackward<bf16>(d_wpe_, dbranch_, positions_, n_, h_, scratch(), MainStream());
-  prof_.End();
+  for (int l = num_layers - 1; l >= 0; --l) {
+    LayerBackward(s, l);
+    if (reducer_ != nullptr) reducer_->LayerDone(l);
+  }
+  if (first_stage_) {
+    prof_.Begin("embedding bwd");
+    GatherRowsFrom(dbranch_, dbranch_full_);
+    prof_.Begin("embedding bwd");
+    EmbeddingBackward<bf16>(d_wte_, dbranch_full_, s.tokens, n_, h_, vocab_begin_,
+                            vocab_begin_ + vocab_l_, scratch(), MainStream());
+    PositionBackward<bf16>(d_wpe_, dbranch_, positions_, rows_l_, h_, scratch(), MainStream());
+    prof_.End();
+  }
+  if (reducer_ != nullptr) reducer_->BackwardDone();
 }
 
 }  // namespace
@@ -523,11 +806,8 @@ absl::Status BF16Supported(const ckpt::ModelLayout& layout, const BF16Options& o
   auto no = [](auto... what) {
     return absl::UnimplementedError(absl::StrCat("--bf16 on the cuda backend: ", what...));
   };
-  if (p.tp != 1 || p.pp != 1 || p.vpp != 1)
-    return no(
-        "one GPU per model replica for now (tensor/pipeline parallel need the NCCL "
-        "backend); got TP ",
-        p.tp, " PP ", p.pp);
+  if (p.tp > 1 && AsNccl(options.tp) == nullptr)
+    return no("tensor parallelism needs NCCL process groups");
   if (c.normalization != ckpt::NormType::kLayerNorm) return no("RMSNorm is not supported");
   if (c.swiglu()) return no("SwiGLU is not supported");
   if (c.position_embedding_type != ckpt::PositionEmbedding::kLearnedAbsolute)
@@ -538,7 +818,9 @@ absl::Status BF16Supported(const ckpt::ModelLayout& layout, const BF16Options& o
     return no(
         "attention dropout is not supported by the flash-attention path; pass "
         "--attention-dropout 0");
-  if (options.model.sequence_parallel) return no("sequence parallelism needs TP > 1");
+  if (options.model.sequence_parallel &&
+      (options.model.micro_batch * options.model.seq_length) % p.tp != 0)
+    return no("sequence parallelism needs micro-batch x sequence divisible by TP");
   return absl::OkStatus();
 }
 
@@ -547,9 +829,10 @@ absl::StatusOr<std::unique_ptr<StageModel>> CreateBF16GptModel(const ckpt::Model
                                                                const BF16Options& options) {
   if (absl::Status s = BF16Supported(layout, options); !s.ok()) return s;
   const ckpt::ModelConfig& c = layout.config();
-  absl::StatusOr<std::unique_ptr<FlashAttention>> attention =
-      FlashAttention::Create(options.model.micro_batch, options.model.seq_length,
-                             c.num_attention_heads, c.num_query_groups, c.kv_channels);
+  const ckpt::ParallelConfig& p = layout.parallel();
+  absl::StatusOr<std::unique_ptr<FlashAttention>> attention = FlashAttention::Create(
+      options.model.micro_batch, options.model.seq_length, c.num_attention_heads / p.tp,
+      c.num_query_groups / p.tp, c.kv_channels);
   if (!attention.ok()) return attention.status();
   return std::unique_ptr<StageModel>(
       new BF16GptModel(layout, params, options, std::move(*attention)));

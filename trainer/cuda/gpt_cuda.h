@@ -6,8 +6,9 @@
 // state makes no cudaMalloc.
 //
 // Scope: GPT-2-style models (LayerNorm, GELU, learned absolute positions, multi-head attention,
-// tied or untied output), one GPU per model replica (TP = PP = 1), hidden dropout supported,
-// attention dropout refused. The float32 GptModel over CudaOps runs everything else.
+// tied or untied output) under data, tensor (with sequence) and pipeline (1F1B, interleaved)
+// parallelism over NCCL; hidden dropout supported, attention dropout refused. The float32
+// GptModel over CudaOps runs everything else (Llama-style models, attention dropout).
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "libckpt/layout.h"
+#include "trainer/comm.h"
 #include "trainer/model.h"
 #include "trainer/params.h"
 #include "trainer/stage_model.h"
@@ -33,6 +35,16 @@ struct BF16Options {
   bool recompute_gelu = false;
   // Rows of logits materialised at a time (0: as many as 2 GiB of bf16 logits hold).
   int64_t logits_chunk_rows = 0;
+  // Data parallelism: with overlap_grad_reduce (and an NCCL dp group of more than one rank) the
+  // model all-reduces the gradient in buckets during the last micro-batch's backward, and the
+  // optimizer only averages.
+  Communicator* dp = nullptr;
+  // Tensor parallelism (an NCCL group; null or of size one without) and where this chunk sits.
+  Communicator* tp = nullptr;
+  int pp_rank = 0, virtual_chunk = 0;
+  bool overlap_grad_reduce = false;
+  int64_t bucket_elements = 40000000;
+  int num_micro_batches = 1;
 };
 
 // Why the bf16 model cannot run this configuration, or OK.

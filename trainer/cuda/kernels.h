@@ -98,6 +98,25 @@ template <typename T>
 void CrossEntropyForwardBackward(float* losses, T* logits, const int32_t* targets, int64_t rows,
                                  int64_t vocab, float grad_scale, cudaStream_t s);
 
+// Vocabulary-parallel cross-entropy (tensor parallelism), around two all-reduces by the caller:
+//   CrossEntropyShardPartials: part[3r..3r+2] = this shard's (max, Σexp(x − max), target logit
+//     or 0) per row;
+//   CrossEntropyShardMax: global_max = this shard's max (then all-reduce max over the shards);
+//   CrossEntropyShardRescale: sums[2r] = Σexp rescaled to global_max, sums[2r+1] = target logit
+//     (then all-reduce sum);
+//   CrossEntropyShardFinish: losses (may be null) and, when grad_scale != 0, dlogits in place.
+template <typename T>
+void CrossEntropyShardPartials(float* part, const T* logits, const int32_t* targets, int64_t rows,
+                               int64_t vocab_local, int64_t vocab_begin, cudaStream_t s);
+void CrossEntropyShardMax(float* global_max, const float* part, int64_t rows, cudaStream_t s);
+void CrossEntropyShardRescale(float* sums, const float* part, const float* global_max, int64_t rows,
+                              cudaStream_t s);
+template <typename T>
+void CrossEntropyShardFinish(float* losses, T* logits, const int32_t* targets,
+                             const float* global_max, const float* sums, int64_t rows,
+                             int64_t vocab_local, int64_t vocab_begin, float grad_scale,
+                             cudaStream_t s);
+
 // torch.optim.AdamW's formula, as CpuOps::AdamWStep.
 void AdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n, float lr,
            float beta1, float beta2, float eps, float weight_decay, int64_t step, cudaStream_t s);

@@ -202,7 +202,7 @@ class NcclRuntime {
   NcclChannel::Buffer& Staging(NcclChannel& ch, size_t bytes, cudaStream_t s);
   void* scratch() const { return scratch_; }
 
-  // Prints "leantron: rank R <what>; aborting NCCL communicators", tells the other ranks (when
+  // Prints "leantron: rank R <what>; exiting", tells the other ranks (when
   // `publish`), aborts every communicator and exits the process.
   [[noreturn]] void Fatal(const std::string& what, bool publish);
 
@@ -656,8 +656,7 @@ void NcclRuntime::HeartbeatLoop() {
 
 void NcclRuntime::Fatal(const std::string& what, bool publish) {
   if (fatal_.exchange(true)) Hang();  // another thread is already on its way out
-  const std::string line =
-      absl::StrCat("leantron: rank ", rank(), " ", what, "; aborting NCCL communicators\n");
+  const std::string line = absl::StrCat("leantron: rank ", rank(), " ", what, "; exiting\n");
   if (write(STDERR_FILENO, line.data(), line.size()) < 0) {
   }
   // An abort that hangs must not keep the process alive.
@@ -674,14 +673,9 @@ void NcclRuntime::Fatal(const std::string& what, bool publish) {
       }
     }
   }
-  std::vector<ncclComm_t> comms;
-  {
-    std::unique_lock<std::timed_mutex> lock(comms_mu_, std::defer_lock);
-    if (lock.try_lock_for(seconds(1))) {
-      for (const CommEntry& c : comms_) comms.push_back(c.comm);
-    }
-  }
-  for (ncclComm_t c : comms) ncclCommAbort(c);
+  // No ncclCommAbort here: with the main thread inside an NCCL call, aborting from this thread
+  // tripped NCCL 2.28's proxy assertion (the process then died of SIGABRT instead of exiting).
+  // Exiting releases the communicators; every peer's own watchdog sees this rank go.
   // Rank 0 serves the store: give the others a poll (1 s) to read the reason before it goes.
   if (server_ != nullptr) std::this_thread::sleep_for(seconds(2));
   _exit(1);

@@ -11,8 +11,8 @@
 // every second, watches its ring neighbours' heartbeats and a shared "abort" key, polls
 // ncclCommGetAsyncError on every communicator and times out operations that make no progress. On a
 // dead peer, an NCCL error, a stuck operation or a store that stops answering it prints one line
-// ("leantron: rank 3 lost rank 1 (no heartbeat for 20 s); aborting NCCL communicators"), publishes
-// the reason for the other ranks, aborts every NCCL communicator and _exit(1)s.
+// ("leantron: rank 3 lost rank 1 (no heartbeat for 20 s); exiting"), publishes
+// the reason for the other ranks and _exit(1)s (exiting releases its NCCL communicators).
 //
 // Point-to-point follows Gloo's semantics (the pipeline schedules rely on them): SendAsync copies
 // the data and never blocks the sender's stream; Recv makes the stream wait for the data. Each

@@ -1,0 +1,95 @@
+"""The seed tutorial's parallelism table for gpt2-large (36 layers, h 1280, 20 heads, seq 1024)
+on two GPUs (device kind nvidia-h200-x2): 1 GPU, DP2, TP2, TP2+SP, PP2 with one micro-batch and
+with enough to fill the pipeline, all `train --bf16`; step time, tokens/s, MFU and memory per
+GPU, beside the tutorial's Megatron numbers. Run through scripts/device_check.sh parallel."""
+import argparse
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = ["--num-layers", "36", "--hidden-size", "1280", "--num-attention-heads", "20",
+         "--seq-length", "1024", "--max-position-embeddings", "1024"]
+# name, processes, micro-batch, global batch, extra flags, Megatron (ms, GB per GPU)
+ROWS = [
+    ("1 GPU", 1, 32, 32, [], "438 ms, ≈80 GB"),
+    ("DP2", 2, 32, 64, ["--overlap-grad-reduce"], "437 ms"),
+    ("TP2", 2, 64, 64, ["--tensor-model-parallel-size", "2"], "543 ms, 86 GB"),
+    ("TP2+SP", 2, 64, 64, ["--tensor-model-parallel-size", "2", "--sequence-parallel"],
+     "539 ms, 71.6 GB"),
+    ("PP2, 1 micro-batch", 2, 64, 64, ["--pipeline-model-parallel-size", "2"],
+     "817 ms, 61 / 88 GB"),
+    ("PP2, 8 micro-batches", 2, 32, 256, ["--pipeline-model-parallel-size", "2"], "–"),
+]
+
+
+def flops_per_token(layers=36, h=1280, seq=1024, vocab=50304):
+    return layers * (3 * 2 * (h * 3 * h + h * h) + 3 * 2 * 2 * h * 4 * h + 3 * 2 * h * seq) + \
+        3 * 2 * h * vocab
+
+
+def run(bin_dir, procs, mb, gbs, extra, iters):
+    cmd = [str(Path(bin_dir) / "train"), "--bf16", "--mock-data", "--tokenizer-type",
+           "NullTokenizer", "--vocab-size", "50256", *MODEL, "--micro-batch-size", str(mb),
+           "--global-batch-size", str(gbs), "--train-iters", str(iters), "--log-interval", "5",
+           "--lr", "1e-4", "--min-lr", "1e-5", "--lr-decay-style", "cosine", "--hidden-dropout",
+           "0", "--attention-dropout", "0", "--openai-gelu", "--eval-iters", "0", *extra]
+    if procs > 1:
+        cmd += ["--nproc-per-node", str(procs)]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        return None, (p.stdout + p.stderr)[-1500:]
+    ms = [float(x) for x in re.findall(r"elapsed time per iteration \(ms\): ([\d.]+)", p.stdout)]
+    steady = ms[1:] if len(ms) > 1 else ms
+    mem = {int(r): int(m) for r, m in
+           re.findall(r"\[Rank (\d+)\] GPU memory in use at the end: (\d+) MB", p.stdout)}
+    reports = re.findall(r"(\[Rank \d+\] GPU time per step.*)", p.stdout)
+    layers = re.findall(r"\[Rank (\d+)\] tp \d+ pp \d+ dp \d+ \| layers (.*?) \|", p.stdout)
+    return {"ms": sum(steady) / len(steady), "mem": mem, "reports": reports,
+            "layers": layers}, None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default=str(ROOT / "build" / "bin"))
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--only", default="", help="comma-separated row names")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    lines = ["| layout | GPUs | micro / global | ms/step | tok/s per GPU | MFU | GPU memory per "
+             "rank (GiB, in use) | Megatron (tutorial) |", "|---|---|---|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
+    results = {}
+    for name, procs, mb, gbs, extra, megatron in ROWS:
+        if a.only and name not in a.only.split(","):
+            continue
+        r, err = run(a.bin, procs, mb, gbs, extra, a.iters)
+        if r is None:
+            lines.append(f"| {name} | {procs} | {mb} / {gbs} | error: "
+                         f"{err.replace(chr(10), ' ')[-300:]} | | | | {megatron} |")
+            print(lines[-1], flush=True)
+            continue
+        results[name] = r
+        tok = gbs * 1024 / (r["ms"] / 1000) / procs
+        mfu = flops_per_token() * gbs * 1024 / (r["ms"] / 1000) / procs / 989e12 * 100
+        mem = " / ".join(f"{m / 1024:.1f}" for _, m in sorted(r["mem"].items()))
+        lines.append(f"| {name} | {procs} | {mb} / {gbs} | {r['ms']:.1f} | {tok:,.0f} | "
+                     f"{mfu:.1f}% | {mem} | {megatron} |")
+        print(lines[-1], flush=True)
+        for rep in r["reports"]:
+            print("   ", rep, flush=True)
+        for rank, lay in r["layers"]:
+            print(f"    rank {rank}: layers {lay}", flush=True)
+    if "PP2, 8 micro-batches" in results and "1 GPU" in results:
+        # Same micro-batch (32): the PP2 step does 8 of them, each GPU half of every one.
+        pp, one = results["PP2, 8 micro-batches"]["ms"], results["1 GPU"]["ms"]
+        bubble = 1 - (8 * one / 2) / pp
+        print(f"PP2 with 8 micro-batches: measured idle share {bubble * 100:.1f}% of the step "
+              f"(1 - (8 x 1-GPU step / 2) / PP2 step); 1F1B bubble theory (PP-1)/(M+PP-1) = "
+              f"{100 / 9:.1f}%", flush=True)
+    if a.out:
+        Path(a.out).write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
