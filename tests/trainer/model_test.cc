@@ -239,7 +239,8 @@ TEST(ArgsTest, InconsistentSettingsAreRefusedWithOneLine) {
   EXPECT_EQ(msg(Check({"--tensor-model-parallel-size", "2"}, 3)),
             "world size 3 is not divisible by TP 2 x PP 1");
   EXPECT_FALSE(Check({"--data-path", "x"}, 1).ok());  // both --mock-data and --data-path
-  EXPECT_FALSE(Check({"--bf16"}, 1).ok());
+  EXPECT_EQ(msg(Check({"--fp16"}, 1)), "--fp16 is not implemented (loss scaling); use --bf16");
+  EXPECT_EQ(msg(Check({"--bf16", "--ops-backend", "cpu"}, 1)), "--bf16 needs --ops-backend cuda");
   EXPECT_TRUE(Check({"--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
                      "--group-query-attention", "--num-query-groups", "2"},
                     1)
