@@ -34,7 +34,7 @@ if [[ "$what" == multi ]]; then  # two or more GPUs (nvidia-h200-x2)
   /tmp/lt/bin/gpu_nccl_comm_test --gtest_brief=1 >"$OUT/gpu_nccl_comm_test.log" 2>&1 || status=1
   tail -n 25 "$OUT/gpu_nccl_comm_test.log"
   echo "== tests/gpu/test_multi_gpu.py"
-  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_multi_gpu.py -s \
+  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_multi_gpu.py -s ${PYTEST_K:+-k "$PYTEST_K"} \
     >"$OUT/pytest_multi.log" 2>&1 || status=1
   tail -n 60 "$OUT/pytest_multi.log"
 fi

@@ -50,6 +50,13 @@ class StageModel {
   // Where a step's time went on the device (communication, exposed waits), for the per-rank
   // report; empty when the model does not measure it.
   virtual std::string TimeReport() const { return {}; }
+  // Per-step averages measured on the device, leaving out the first step: GPU time of this
+  // chunk's forward and backward outside communication, tensor-parallel communication on the
+  // critical path, and data-parallel communication the backward had to wait for. False when the
+  // model does not measure them.
+  virtual bool StepTimes(double* compute_ms, double* tp_comm_ms, double* dp_exposed_ms) const {
+    return false;
+  }
 };
 
 }  // namespace leantron::trainer

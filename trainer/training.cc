@@ -86,6 +86,9 @@ class Trainer {
   std::unique_ptr<TensorBoardWriter> tensorboard_;  // logging rank only
   double comm_seconds_ = 0.0;                       // spent inside any communicator
   double train_seconds_ = 0.0;                      // spent in training iterations
+  // After the first iteration (warm-up): wall time, and the GPU's waits for pipeline data.
+  double steady_ms_ = 0.0, pipeline_wait_ms_ = 0.0;
+  int64_t steady_iters_ = 0;
   void ReportRank(int64_t iterations);
 };
 
@@ -108,6 +111,24 @@ void Trainer::ReportRank(int64_t iterations) {
       g_.world_rank, g_.coords.tp, g_.coords.pp, g_.coords.dp, layers, params_->size(), param_mb,
       param_mb, adam_mb, PeakResidentMiB(), comm_seconds_, train_seconds_, iterations,
       train_seconds_ > 0 ? 100.0 * comm_seconds_ / train_seconds_ : 0.0));
+  double compute = 0, tp_comm = 0, dp_exposed = 0;
+  bool measured = steady_iters_ > 0;
+  for (const StageModel* m : chunks_) {
+    double c = 0, t = 0, d = 0;
+    measured = measured && m->StepTimes(&c, &t, &d);
+    compute += c;
+    tp_comm += t;
+    dp_exposed += d;
+  }
+  if (measured) {
+    const double step = steady_ms_ / steady_iters_, wait = pipeline_wait_ms_ / steady_iters_;
+    Print(absl::StrFormat(
+        "[Rank %d] step time %.1f ms (mean after the first iteration) = GPU compute %.1f + "
+        "tensor-parallel communication %.1f + pipeline waits (bubble and stage transfers) %.1f + "
+        "exposed data-parallel communication %.1f + rest (optimizer, host) %.1f\n",
+        g_.world_rank, step, compute, tp_comm, wait, dp_exposed,
+        step - compute - tp_comm - wait - dp_exposed));
+  }
   for (const StageModel* m : chunks_) {
     if (std::string r = m->TimeReport(); !r.empty())
       Print(absl::StrFormat("[Rank %d] %s\n", g_.world_rank, r));
@@ -346,6 +367,16 @@ absl::Status Trainer::Run() {
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     interval_ms += iteration_ms;
     train_seconds_ += iteration_ms / 1000.0;
+#ifdef LEANTRON_HAVE_CUDA
+    if (NcclCommunicator* pp = args_.backend == "cuda" ? AsNccl(g_.pp.get()) : nullptr) {
+      const double wait = pp->TakeRecvWaitMs();
+      if (pos.iteration - start_iteration > 1) pipeline_wait_ms_ += wait;
+    }
+#endif
+    if (pos.iteration - start_iteration > 1) {
+      steady_ms_ += iteration_ms;
+      ++steady_iters_;
+    }
     ++interval_iters;
     if (step.skipped) ++skipped;
     if (!std::isfinite(loss[0])) {

@@ -43,7 +43,7 @@ def run(bin_dir, procs, mb, gbs, extra, iters):
     steady = ms[1:] if len(ms) > 1 else ms
     mem = {int(r): int(m) for r, m in
            re.findall(r"\[Rank (\d+)\] GPU memory in use at the end: (\d+) MB", p.stdout)}
-    reports = re.findall(r"(\[Rank \d+\] GPU time per step.*)", p.stdout)
+    reports = re.findall(r"(\[Rank \d+\] (?:step time|data-parallel).*)", p.stdout)
     layers = re.findall(r"\[Rank (\d+)\] tp \d+ pp \d+ dp \d+ \| layers (.*?) \|", p.stdout)
     return {"ms": sum(steady) / len(steady), "mem": mem, "reports": reports,
             "layers": layers}, None
@@ -53,7 +53,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=str(ROOT / "build" / "bin"))
     ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--only", default="", help="comma-separated row names")
+    ap.add_argument("--only", default="", help="row names separated by semicolons")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     lines = ["| layout | GPUs | micro / global | ms/step | tok/s per GPU | MFU | GPU memory per "
@@ -61,7 +61,7 @@ def main():
     print("\n".join(lines), flush=True)
     results = {}
     for name, procs, mb, gbs, extra, megatron in ROWS:
-        if a.only and name not in a.only.split(","):
+        if a.only and name not in a.only.split(";"):
             continue
         r, err = run(a.bin, procs, mb, gbs, extra, a.iters)
         if r is None:

@@ -45,6 +45,11 @@ class BF16GptModel : public StageModel {
   float* grad_buffer() override { return reinterpret_cast<float*>(recv_grad_); }
   int64_t activation_bytes() const override { return activation_bytes_; }
   std::string TimeReport() const override;
+  bool StepTimes(double* compute_ms, double* tp_comm_ms, double* dp_exposed_ms) const override {
+    if (!prof_.Averages(compute_ms, tp_comm_ms)) return false;
+    *dp_exposed_ms = measured_steps_ > 0 ? exposed_ms_ / measured_steps_ : 0.0;
+    return true;
+  }
 
  private:
   struct Weights {
@@ -635,24 +640,11 @@ void BF16GptModel::LayerBackward(Slot& s, int l) {
 }
 
 std::string BF16GptModel::TimeReport() const {
-  std::string out;
-  double compute = 0, comm = 0;
-  if (prof_.Averages(&compute, &comm)) {
-    out = absl::StrFormat(
-        "GPU time per step in this model chunk's forward and backward: compute %.1f ms, "
-        "tensor-parallel communication %.1f ms (on the critical path); the rest of the step is "
-        "the optimizer, waiting for pipeline peers (bubble) and host work",
-        compute, comm);
-  }
-  if (reducer_ != nullptr && measured_steps_ > 0) {
-    absl::StrAppendFormat(&out,
-                          "%sdata-parallel gradient all-reduce overlapped with the backward: "
-                          "%.1f ms per step from the first bucket to the last, %.1f ms of it "
-                          "exposed (the backward had finished)",
-                          out.empty() ? "" : "; ", comm_ms_ / measured_steps_,
-                          exposed_ms_ / measured_steps_);
-  }
-  return out;
+  if (reducer_ == nullptr || measured_steps_ == 0) return {};
+  return absl::StrFormat(
+      "data-parallel gradient all-reduce overlapped with the backward: %.1f ms per step from "
+      "the first bucket to the last, %.1f ms of it exposed (the backward had finished)",
+      comm_ms_ / measured_steps_, exposed_ms_ / measured_steps_);
 }
 
 void BF16GptModel::Backward(int slot, const float* doutput, float loss_scale) {

@@ -43,6 +43,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -108,6 +109,10 @@ class NcclCommunicator final : public Communicator {
   // Calling NCCL on comm() directly skips all three. Not for a group of one.
   void Enqueue(const char* op, cudaStream_t s, const std::function<ncclResult_t(ncclComm_t)>& f);
 
+  // Milliseconds the receiving streams stood waiting for data in RecvRaw/Recv since the last call
+  // (the pipeline bubble plus transfer time on this rank), measured with events; waits for the
+  // receives to complete.
+  double TakeRecvWaitMs();
   ncclComm_t comm() const { return comm_; }
   const std::string& name() const { return name_; }
   const std::vector<int>& members() const { return members_; }
@@ -122,6 +127,9 @@ class NcclCommunicator final : public Communicator {
   int rank_;
   ncclComm_t comm_;
   std::map<int, NcclChannel*> send_, recv_;  // by peer (group rank); owned by the runtime
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> waits_;  // around each receive's stream wait
+  size_t waits_used_ = 0;
+  double pending_wait_ms_ = 0.0;
 };
 
 // The NcclCommunicator behind `c`, or null (another backend, or a wrapper such as
