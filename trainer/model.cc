@@ -35,33 +35,9 @@ GptModel::GptModel(Ops* ops, const ckpt::ModelLayout& layout, Communicator* tp, 
   auto grad = [&](const std::string& n) { return params_->Grad(n); };
   const auto [first_layer, last_layer] = layout.StageLayers(pp_rank, virtual_chunk);
   for (int i = first_layer; i < last_layer; ++i) {
-    const std::string pre = absl::StrFormat("decoder.layers.%d.", i);
     LayerWeights w;
     w.global_index = i;
-    w.ln1_w = param(pre + "input_layernorm.weight");
-    w.ln1_b = param(pre + "input_layernorm.bias");
-    w.qkv_w = param(pre + "self_attention.linear_qkv.weight");
-    w.qkv_b = param(pre + "self_attention.linear_qkv.bias");
-    w.proj_w = param(pre + "self_attention.linear_proj.weight");
-    w.proj_b = param(pre + "self_attention.linear_proj.bias");
-    w.ln2_w = param(pre + "pre_mlp_layernorm.weight");
-    w.ln2_b = param(pre + "pre_mlp_layernorm.bias");
-    w.fc1_w = param(pre + "mlp.linear_fc1.weight");
-    w.fc1_b = param(pre + "mlp.linear_fc1.bias");
-    w.fc2_w = param(pre + "mlp.linear_fc2.weight");
-    w.fc2_b = param(pre + "mlp.linear_fc2.bias");
-    w.d_ln1_w = grad(pre + "input_layernorm.weight");
-    w.d_ln1_b = grad(pre + "input_layernorm.bias");
-    w.d_qkv_w = grad(pre + "self_attention.linear_qkv.weight");
-    w.d_qkv_b = grad(pre + "self_attention.linear_qkv.bias");
-    w.d_proj_w = grad(pre + "self_attention.linear_proj.weight");
-    w.d_proj_b = grad(pre + "self_attention.linear_proj.bias");
-    w.d_ln2_w = grad(pre + "pre_mlp_layernorm.weight");
-    w.d_ln2_b = grad(pre + "pre_mlp_layernorm.bias");
-    w.d_fc1_w = grad(pre + "mlp.linear_fc1.weight");
-    w.d_fc1_b = grad(pre + "mlp.linear_fc1.bias");
-    w.d_fc2_w = grad(pre + "mlp.linear_fc2.weight");
-    w.d_fc2_b = grad(pre + "mlp.linear_fc2.bias");
+    BindLayerTensors(&w, i, param, param, grad);
     layers_.push_back(w);
   }
   if (first_stage_) {

@@ -65,6 +65,44 @@ class ParamStore {
   size_t size_ = 0;
 };
 
+// Binds one decoder layer's tensors by their Megatron-Core names into `w`, which has the fields
+// ln1_w ln1_b qkv_w qkv_b proj_w proj_b ln2_w ln2_b fc1_w fc1_b fc2_w fc2_b and their d_ gradients:
+// `linear(name)` gives the linear layers' weights and biases, `norm(name)` the norms', `grad(name)`
+// every gradient (each may return null when this rank does not hold the tensor). Both models use
+// it, the bf16 one with its bf16 weight copy for the linears.
+template <typename W, typename Linear, typename Norm, typename Grad>
+void BindLayerTensors(W* w, int layer, Linear&& linear, Norm&& norm, Grad&& grad) {
+  const std::string pre = "decoder.layers." + std::to_string(layer) + ".";
+  const std::string ln1 = pre + "input_layernorm.", ln2 = pre + "pre_mlp_layernorm.";
+  const std::string qkv = pre + "self_attention.linear_qkv.";
+  const std::string proj = pre + "self_attention.linear_proj.";
+  const std::string fc1 = pre + "mlp.linear_fc1.", fc2 = pre + "mlp.linear_fc2.";
+  w->ln1_w = norm(ln1 + "weight");
+  w->ln1_b = norm(ln1 + "bias");
+  w->ln2_w = norm(ln2 + "weight");
+  w->ln2_b = norm(ln2 + "bias");
+  w->qkv_w = linear(qkv + "weight");
+  w->qkv_b = linear(qkv + "bias");
+  w->proj_w = linear(proj + "weight");
+  w->proj_b = linear(proj + "bias");
+  w->fc1_w = linear(fc1 + "weight");
+  w->fc1_b = linear(fc1 + "bias");
+  w->fc2_w = linear(fc2 + "weight");
+  w->fc2_b = linear(fc2 + "bias");
+  w->d_ln1_w = grad(ln1 + "weight");
+  w->d_ln1_b = grad(ln1 + "bias");
+  w->d_ln2_w = grad(ln2 + "weight");
+  w->d_ln2_b = grad(ln2 + "bias");
+  w->d_qkv_w = grad(qkv + "weight");
+  w->d_qkv_b = grad(qkv + "bias");
+  w->d_proj_w = grad(proj + "weight");
+  w->d_proj_b = grad(proj + "bias");
+  w->d_fc1_w = grad(fc1 + "weight");
+  w->d_fc1_b = grad(fc1 + "bias");
+  w->d_fc2_w = grad(fc2 + "weight");
+  w->d_fc2_b = grad(fc2 + "bias");
+}
+
 // Deterministic standard normals for a named tensor (counter-based, Box-Muller in float64).
 void FillNormal(uint64_t seed, const std::string& name, double std, std::vector<float>* out);
 

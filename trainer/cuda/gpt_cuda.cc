@@ -204,34 +204,10 @@ BF16GptModel::BF16GptModel(const ckpt::ModelLayout& layout, ParamStore* params,
   first_layer_ = first;
   const int recompute = std::min(opt_.model.recompute_layers, last - first);
   for (int i = first; i < last; ++i) {
-    const std::string pre = absl::StrFormat("decoder.layers.%d.", i);
     Weights w{};
     w.global = i;
     w.recompute = i - first < recompute;
-    w.ln1_w = f32(pre + "input_layernorm.weight");
-    w.ln1_b = f32(pre + "input_layernorm.bias");
-    w.qkv_w = w16(pre + "self_attention.linear_qkv.weight");
-    w.qkv_b = w16(pre + "self_attention.linear_qkv.bias");
-    w.proj_w = w16(pre + "self_attention.linear_proj.weight");
-    w.proj_b = w16(pre + "self_attention.linear_proj.bias");
-    w.ln2_w = f32(pre + "pre_mlp_layernorm.weight");
-    w.ln2_b = f32(pre + "pre_mlp_layernorm.bias");
-    w.fc1_w = w16(pre + "mlp.linear_fc1.weight");
-    w.fc1_b = w16(pre + "mlp.linear_fc1.bias");
-    w.fc2_w = w16(pre + "mlp.linear_fc2.weight");
-    w.fc2_b = w16(pre + "mlp.linear_fc2.bias");
-    w.d_ln1_w = grad(pre + "input_layernorm.weight");
-    w.d_ln1_b = grad(pre + "input_layernorm.bias");
-    w.d_qkv_w = grad(pre + "self_attention.linear_qkv.weight");
-    w.d_qkv_b = grad(pre + "self_attention.linear_qkv.bias");
-    w.d_proj_w = grad(pre + "self_attention.linear_proj.weight");
-    w.d_proj_b = grad(pre + "self_attention.linear_proj.bias");
-    w.d_ln2_w = grad(pre + "pre_mlp_layernorm.weight");
-    w.d_ln2_b = grad(pre + "pre_mlp_layernorm.bias");
-    w.d_fc1_w = grad(pre + "mlp.linear_fc1.weight");
-    w.d_fc1_b = grad(pre + "mlp.linear_fc1.bias");
-    w.d_fc2_w = grad(pre + "mlp.linear_fc2.weight");
-    w.d_fc2_b = grad(pre + "mlp.linear_fc2.bias");
+    BindLayerTensors(&w, i, w16, f32, grad);
     layers_.push_back(w);
   }
   if (first_stage_) {
