@@ -22,7 +22,7 @@ double RunSchedule(const std::vector<StageModel*>& chunks, Communicator& pp,
       loss_sum += chunks[0]->Forward(0, mbs[i], nullptr);
       if (!forward_only) chunks[0]->Backward(0, nullptr, loss_scale);
     }
-    return loss_sum;
+    return loss_sum + chunks[0]->TakeDeferredLoss();
   }
   const int next = static_cast<int>((rank + 1) % stages);
   const int prev = static_cast<int>((rank + stages - 1) % stages);
@@ -73,6 +73,7 @@ double RunSchedule(const std::vector<StageModel*>& chunks, Communicator& pp,
     for (int64_t k = total - warmup; k < total; ++k) backward(k);
   }
   pp.WaitSends();
+  for (StageModel* c : chunks) loss_sum += c->TakeDeferredLoss();
   return loss_sum;
 }
 

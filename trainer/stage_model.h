@@ -34,7 +34,12 @@ class StageModel {
   // Runs this stage's forward for `mb` into activation slot `slot`. `input` is the previous
   // stage's output (ignored on the first stage). On the last stage returns the micro-batch's
   // mean loss over its unmasked tokens (the same on every TP rank); 0 elsewhere.
+  // A model may instead keep the losses on the device (no synchronisation per micro-batch):
+  // Forward then returns 0 and TakeDeferredLoss gives their sum at the end of the schedule.
   virtual float Forward(int slot, const MicroBatch& mb, const float* input) = 0;
+  // The sum of the micro-batch losses kept on the device since BeginStep (waits for them); 0 for
+  // a model that returns them from Forward.
+  virtual double TakeDeferredLoss() { return 0.0; }
   virtual const float* Output(int slot) const = 0;  // this stage's output (not on the last stage)
   // Backward of slot `slot`; `doutput` is the next stage's input gradient (ignored on the last
   // stage, where the loss gradient is `loss_scale` / unmasked tokens per token). Gradients

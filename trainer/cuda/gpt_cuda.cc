@@ -35,7 +35,10 @@ class BF16GptModel : public StageModel {
   // Stage messages are bf16 [rows, h]: counted in floats, as the schedule sends them.
   int64_t hidden_size() const override { return h_ / 2; }
   void BeginStep() override;
+  // Returns 0: the loss stays on the device (TakeDeferredLoss), so the last stage never waits
+  // for its GPU between micro-batches.
   float Forward(int slot, const MicroBatch& mb, const float* input) override;
+  double TakeDeferredLoss() override;
   const float* Output(int slot) const override {
     return reinterpret_cast<const float*>(slots_[slot]->x.back());
   }
@@ -73,7 +76,10 @@ class BF16GptModel : public StageModel {
     bool has_grad = false;
     float grad_scale = 0.0f;
     int32_t *tokens = nullptr, *labels = nullptr;  // all rows
-    std::vector<bf16*> x;                          // [layers + 1] residual stream, this rank's rows
+    // Pinned staging of tokens and labels, reused once the previous copy from it has run.
+    int32_t* host_ids = nullptr;
+    cudaEvent_t ids_copied = nullptr;
+    std::vector<bf16*> x;  // [layers + 1] residual stream, this rank's rows
     std::vector<Acts> acts;
     bf16 *lnf = nullptr, *dlnf = nullptr;  // last stage
     float *lnf_mean = nullptr, *lnf_rstd = nullptr, *losses = nullptr;
@@ -108,7 +114,7 @@ class BF16GptModel : public StageModel {
   void NormGather(bf16* out_full, float* mean, float* rstd, const bf16* residual,
                   const bf16* branch, bf16* x_out, const float* w, const float* b,
                   const HiddenDropout& d);
-  float HeadForward(Slot& s);
+  void HeadForward(Slot& s);
   // dW += doutᵀ·in and db += Σ_rows dout (db may be null): the bias gradient from cuBLASLt's
   // epilogue when it has one for this shape, else a column-sum kernel.
   void WeightGrad(float* dw, float* db, const bf16* dout, const bf16* in, int64_t k, int64_t n);
@@ -145,7 +151,9 @@ class BF16GptModel : public StageModel {
   int32_t* positions_ = nullptr;       // this rank's rows
   bf16 *branch_, *branch_l_, *junk_, *lnf_full_, *dlnf_full_, *logits_;
   float *ce_part_, *ce_max_, *ce_sums_;
-  std::vector<float> host_losses_;
+  double* loss_sum_ = nullptr;       // Σ micro-batch losses this step (last stage), on the device
+  double* host_loss_sum_ = nullptr;  // pinned
+  bool loss_pending_ = false;
   // Backward scratch (one backward at a time).
   bf16 *dx_, *dbranch_, *dbranch_full_, *dln_, *dqkv_, *datt_, *dfc_;
   bf16 *recv_input_, *recv_grad_;
@@ -248,7 +256,10 @@ BF16GptModel::BF16GptModel(const ckpt::ModelLayout& layout, ParamStore* params,
     ce_max_ = Alloc<float>(chunk_rows_);
     ce_sums_ = Alloc<float>(2 * chunk_rows_);
   }
-  host_losses_.resize(n_);
+  if (last_stage_) {
+    loss_sum_ = Alloc<double>(1);
+    LT_CUDA_CHECK(cudaMallocHost(&host_loss_sum_, sizeof(double)));
+  }
   dx_ = Alloc<bf16>(rows_l_ * h_);
   dbranch_ = Alloc<bf16>(rows_l_ * h_);
   dbranch_full_ = sp_ ? Alloc<bf16>(n_ * h_) : dbranch_;
@@ -293,6 +304,12 @@ BF16GptModel::BF16GptModel(const ckpt::ModelLayout& layout, ParamStore* params,
 BF16GptModel::~BF16GptModel() {
   cudaStreamSynchronize(MainStream());
   for (void* q : allocations_) cudaFree(q);
+  for (const auto& s : slots_) {
+    if (!s) continue;
+    cudaFreeHost(s->host_ids);
+    cudaEventDestroy(s->ids_copied);
+  }
+  cudaFreeHost(host_loss_sum_);
 }
 
 BF16GptModel::Acts BF16GptModel::MakeActs() {
@@ -325,6 +342,8 @@ BF16GptModel::Slot& BF16GptModel::GetSlot(int index) {
   auto s = std::make_unique<Slot>();
   s->tokens = Alloc<int32_t>(n_);
   s->labels = Alloc<int32_t>(n_);
+  LT_CUDA_CHECK(cudaMallocHost(&s->host_ids, 2 * n_ * sizeof(int32_t)));
+  LT_CUDA_CHECK(cudaEventCreateWithFlags(&s->ids_copied, cudaEventDisableTiming));
   for (size_t l = 0; l <= layers_.size(); ++l) s->x.push_back(Alloc<bf16>(rows_l_ * h_));
   for (const Weights& w : layers_) {
     if (w.recompute) {
@@ -408,6 +427,18 @@ void BF16GptModel::BeginStep() {
   }
   backwards_this_step_ = 0;
   ConvertFromFloat<bf16>(w16_, params_->data(), params_->size(), MainStream());
+  if (loss_sum_ != nullptr)
+    LT_CUDA_CHECK(cudaMemsetAsync(loss_sum_, 0, sizeof(double), MainStream()));
+  loss_pending_ = false;
+}
+
+double BF16GptModel::TakeDeferredLoss() {
+  if (!loss_pending_) return 0.0;
+  loss_pending_ = false;
+  LT_CUDA_CHECK(cudaMemcpyAsync(host_loss_sum_, loss_sum_, sizeof(double), cudaMemcpyDeviceToHost,
+                                MainStream()));
+  LT_CUDA_CHECK(cudaStreamSynchronize(MainStream()));
+  return *host_loss_sum_;
 }
 
 void BF16GptModel::LayerForward(Slot& s, int l) {
@@ -450,10 +481,14 @@ float BF16GptModel::Forward(int slot, const MicroBatch& mb, const float* input) 
   for (int32_t label : mb.labels) valid += label >= 0;
   s.has_grad = mb.training && valid > 0;
   s.grad_scale = s.has_grad ? opt_.loss_scale / static_cast<float>(valid) : 0.0f;
-  LT_CUDA_CHECK(cudaMemcpyAsync(s.tokens, mb.tokens.data(), n_ * sizeof(int32_t),
+  LT_CUDA_CHECK(cudaEventSynchronize(s.ids_copied));  // the slot's previous copy has run
+  std::memcpy(s.host_ids, mb.tokens.data(), n_ * sizeof(int32_t));
+  std::memcpy(s.host_ids + n_, mb.labels.data(), n_ * sizeof(int32_t));
+  LT_CUDA_CHECK(cudaMemcpyAsync(s.tokens, s.host_ids, n_ * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                MainStream()));
+  LT_CUDA_CHECK(cudaMemcpyAsync(s.labels, s.host_ids + n_, n_ * sizeof(int32_t),
                                 cudaMemcpyHostToDevice, MainStream()));
-  LT_CUDA_CHECK(cudaMemcpyAsync(s.labels, mb.labels.data(), n_ * sizeof(int32_t),
-                                cudaMemcpyHostToDevice, MainStream()));
+  LT_CUDA_CHECK(cudaEventRecord(s.ids_copied, MainStream()));
   if (first_stage_) {
     prof_.Begin("embedding fwd");
     // Vocabulary-parallel lookup: each rank fills the rows whose ids it owns, the rest zero.
@@ -494,13 +529,14 @@ float BF16GptModel::Forward(int slot, const MicroBatch& mb, const float* input) 
     NormGather(sp_ ? lnf_full_ : s.lnf, s.lnf_mean, s.lnf_rstd, nullptr, s.x[0], nullptr, lnf_w_,
                lnf_b_, Drop(s, -1, 0));
   }
-  return HeadForward(s);
+  HeadForward(s);
+  return 0.0f;
 }
 
 // Logits a chunk of rows at a time: loss, and when training the gradient back to the final
 // LayerNorm's output and into the output weight, scaled by loss_scale / tokens. Under TP each
 // rank holds a vocabulary shard and the softmax statistics are combined across ranks.
-float BF16GptModel::HeadForward(Slot& s) {
+void BF16GptModel::HeadForward(Slot& s) {
   const bf16* lnf = sp_ ? lnf_full_ : s.lnf;  // all rows
   bf16* dlnf = sp_ ? dlnf_full_ : s.dlnf;     // all rows (partial sums under TP)
   for (int64_t r0 = 0; r0 < n_; r0 += chunk_rows_) {
@@ -529,17 +565,8 @@ float BF16GptModel::HeadForward(Slot& s) {
   }
   if (s.has_grad) ReduceRows(dlnf, s.dlnf);
   prof_.End();
-  LT_CUDA_CHECK(cudaMemcpyAsync(host_losses_.data(), s.losses, n_ * sizeof(float),
-                                cudaMemcpyDeviceToHost, MainStream()));
-  LT_CUDA_CHECK(cudaStreamSynchronize(MainStream()));
-  double sum = 0.0;
-  int64_t count = 0;
-  for (int64_t r = 0; r < n_; ++r) {
-    if (s.mb.labels[r] < 0) continue;
-    sum += host_losses_[r];
-    ++count;
-  }
-  return count > 0 ? static_cast<float>(sum / count) : 0.0f;
+  AccumulateMeanLoss(loss_sum_, s.losses, s.labels, n_, MainStream());
+  loss_pending_ = true;
 }
 
 void BF16GptModel::WeightGrad(float* dw, float* db, const bf16* dout, const bf16* in, int64_t k,

@@ -98,6 +98,11 @@ template <typename T>
 void CrossEntropyForwardBackward(float* losses, T* logits, const int32_t* targets, int64_t rows,
                                  int64_t vocab, float grad_scale, cudaStream_t s);
 
+// *acc += mean of losses[r] over the rows with targets[r] >= 0 (nothing when there is none), in
+// double, deterministically: a micro-batch's loss kept on the device until the step ends.
+void AccumulateMeanLoss(double* acc, const float* losses, const int32_t* targets, int64_t rows,
+                        cudaStream_t s);
+
 // Vocabulary-parallel cross-entropy (tensor parallelism), around two all-reduces by the caller:
 //   CrossEntropyShardPartials: part[3r..3r+2] = this shard's (max, Σexp(x − max), target logit
 //     or 0) per row;

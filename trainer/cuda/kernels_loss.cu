@@ -1,6 +1,8 @@
 // Softmax cross-entropy: the fused full-vocabulary forward+backward of the bf16 model (one block
 // per row: an online max/sum pass, then the gradient written over the logits), and the pieces of
 // CudaOps's vocabulary-sharded CrossEntropyForward/Backward.
+#include <cub/block/block_reduce.cuh>
+
 #include "trainer/cuda/kernels.h"
 #include "trainer/cuda/kernels_common.cuh"
 
@@ -165,7 +167,34 @@ struct CrossEntropyBackwardOp {
   }
 };
 
+constexpr int kMeanLossThreads = 1024;
+
+// One block: a fixed reduction order, so the same losses give the same bits.
+__global__ void AccumulateMeanLossKernel(double* acc, const float* losses, const int32_t* targets,
+                                         int64_t rows) {
+  double sum = 0.0;
+  long long count = 0;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+    if (targets[r] < 0) continue;
+    sum += static_cast<double>(losses[r]);
+    ++count;
+  }
+  using SumReduce = cub::BlockReduce<double, kMeanLossThreads>;
+  using CountReduce = cub::BlockReduce<long long, kMeanLossThreads>;
+  __shared__ typename SumReduce::TempStorage sum_temp;
+  __shared__ typename CountReduce::TempStorage count_temp;
+  sum = SumReduce(sum_temp).Sum(sum);
+  count = CountReduce(count_temp).Sum(count);
+  if (threadIdx.x == 0 && count > 0) *acc += sum / static_cast<double>(count);
+}
+
 }  // namespace
+
+void AccumulateMeanLoss(double* acc, const float* losses, const int32_t* targets, int64_t rows,
+                        cudaStream_t s) {
+  AccumulateMeanLossKernel<<<1, kMeanLossThreads, 0, s>>>(acc, losses, targets, rows);
+  LT_CUDA_LAUNCH_CHECK();
+}
 
 template <typename T>
 void CrossEntropyForwardBackward(float* losses, T* logits, const int32_t* targets, int64_t rows,
