@@ -1,6 +1,8 @@
 #include "libckpt/checkpoint_metadata.h"
 
 #include <filesystem>
+#include <limits>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -37,7 +39,15 @@ std::string CheckpointMetadataToJson(const CheckpointMetadata& m, const ModelLay
             ",\n  \"model\": ", ModelConfigToJson(m.config), ",\n");
   CatAppend(&json, "  \"parallel\": {\"tensor_model_parallel_size\": ", p.tp,
             ", \"pipeline_model_parallel_size\": ", p.pp,
-            ", \"virtual_pipeline_model_parallel_size\": ", p.vpp, "},\n");
+            ", \"virtual_pipeline_model_parallel_size\": ", p.vpp);
+  // Megatron's argument names; written only for an uneven split, so even layouts read as before.
+  if (p.first_stage_layers != 0) {
+    CatAppend(&json, ", \"decoder_first_pipeline_num_layers\": ", p.first_stage_layers);
+  }
+  if (p.last_stage_layers != 0) {
+    CatAppend(&json, ", \"decoder_last_pipeline_num_layers\": ", p.last_stage_layers);
+  }
+  json += "},\n";
   // The layout block is descriptive (for people and other languages); loaders recompute it.
   CatAppend(&json, "  \"layout\": {\"padded_vocab_size\": ", layout.padded_vocab_size(),
             ", \"stages\": [");
@@ -106,6 +116,18 @@ absl::StatusOr<CheckpointMetadata> ParseCheckpointMetadata(std::string_view json
     return fail("parallel sizes missing");
   }
   m.parallel = {static_cast<int>(tp), static_cast<int>(pp), static_cast<int>(vpp)};
+  // Optional (absent: an even split); the layout checks the numbers when the checkpoint is opened.
+  for (auto [key, out] :
+       {std::pair{"decoder_first_pipeline_num_layers", &m.parallel.first_stage_layers},
+        std::pair{"decoder_last_pipeline_num_layers", &m.parallel.last_stage_layers}}) {
+    simdjson::dom::element value;
+    if (parallel[key].get(value) != simdjson::SUCCESS || value.is_null()) continue;
+    int64_t n;
+    if (value.get(n) != simdjson::SUCCESS || n < 0 || n > std::numeric_limits<int>::max()) {
+      return fail(Cat("parallel.", key, " is not a layer count"));
+    }
+    *out = static_cast<int>(n);
+  }
   if (root["optimizer"].get(optimizer) == simdjson::SUCCESS && !optimizer.is_null()) {
     m.has_optimizer = true;
     if (optimizer["step"].get(m.optimizer_step) != simdjson::SUCCESS) {

@@ -57,8 +57,13 @@ absl::Status PrintCheckpointSummary(const std::string& checkpoint_dir,
       ToAbsl(PositionEmbeddingName(c.position_embedding_type)),
       c.add_bias_linear ? ", biases" : ", no biases",
       c.untie_embeddings_and_output_weights ? "untied" : "tied", ToAbsl(DTypeName(c.params_dtype)));
-  out << absl::StrFormat("layout: TP=%d PP=%d VPP=%d\n", m.parallel.tp, m.parallel.pp,
+  out << absl::StrFormat("layout: TP=%d PP=%d VPP=%d", m.parallel.tp, m.parallel.pp,
                          m.parallel.vpp);
+  if (m.parallel.first_stage_layers > 0)
+    out << "   decoder_first_pipeline_num_layers " << m.parallel.first_stage_layers;
+  if (m.parallel.last_stage_layers > 0)
+    out << "   decoder_last_pipeline_num_layers " << m.parallel.last_stage_layers;
+  out << "\n";
   for (int pp = 0; pp < m.parallel.pp; ++pp) {
     std::vector<std::string> chunks;
     for (int v = 0; v < m.parallel.vpp; ++v) {

@@ -40,14 +40,56 @@ absl::StatusOr<ModelLayout> ModelLayout::Create(const ModelConfig& config,
     return refuse(Cat("ffn_hidden_size ", c.ffn_hidden_size, " is not divisible by TP ", p.tp));
   }
   if (p.vpp > 1 && p.pp == 1) return refuse("virtual pipeline chunks need PP > 1");
-  if (c.num_layers % (static_cast<int64_t>(p.pp) * p.vpp) != 0) {
-    return refuse(Cat(c.num_layers, " layers are not divisible by PP x VPP = ", p.pp * p.vpp));
+  // Layers per pipeline stage (VPP 1) or per model chunk; Megatron-Core's rule for an uneven split:
+  // the first and/or last stage hold what is asked, the other stages share the rest evenly.
+  std::vector<int64_t> chunk_layers;
+  const int64_t first = p.first_stage_layers, last = p.last_stage_layers;
+  if (first < 0 || last < 0) {
+    return refuse(Cat("decoder_", first < 0 ? "first" : "last",
+                      "_pipeline_num_layers must be at least 1 (0 = not set), not ",
+                      first < 0 ? first : last));
+  }
+  if (first > 0 || last > 0) {
+    const std::string what = first > 0 && last > 0
+                                 ? Cat("decoder_first_pipeline_num_layers ", first,
+                                       " and decoder_last_pipeline_num_layers ", last)
+                                 : Cat(first > 0 ? "decoder_first" : "decoder_last",
+                                       "_pipeline_num_layers ", first > 0 ? first : last);
+    if (p.pp == 1) return refuse(Cat(what, " needs PP > 1"));
+    if (p.vpp > 1) return refuse(Cat(what, " does not work with virtual pipeline chunks"));
+    const int64_t rest = c.num_layers - first - last;
+    const int others = p.pp - (first > 0 ? 1 : 0) - (last > 0 ? 1 : 0);
+    if (others == 0) {
+      if (rest != 0) {
+        return refuse(
+            Cat(what, " with PP ", p.pp, " must add up to the model's ", c.num_layers, " layers"));
+      }
+    } else if (rest < others || rest % others != 0) {
+      return refuse(Cat(c.num_layers, " layers minus ", what, " leave ", rest,
+                        " layers, which do not split evenly over the other ", others,
+                        " pipeline stage", others == 1 ? "" : "s", " (at least 1 layer each)"));
+    }
+    for (int s = 0; s < p.pp; ++s) {
+      chunk_layers.push_back(s == 0 && first > 0         ? first
+                             : s == p.pp - 1 && last > 0 ? last
+                                                         : rest / others);
+    }
+  } else {
+    const int64_t chunks = static_cast<int64_t>(p.pp) * p.vpp;
+    if (c.num_layers % chunks != 0) {
+      return refuse(Cat(c.num_layers, " layers are not divisible by PP x VPP = ", chunks));
+    }
+    chunk_layers.assign(chunks, c.num_layers / chunks);
   }
 
   ModelLayout layout;
   layout.config_ = config;
   layout.parallel_ = parallel;
   layout.padded_vocab_ = PaddedVocabSize(c.vocab_size, c.make_vocab_size_divisible_by, p.tp);
+  layout.chunk_begin_ = {0};
+  for (int64_t n : chunk_layers) {
+    layout.chunk_begin_.push_back(layout.chunk_begin_.back() + static_cast<int>(n));
+  }
   const int64_t h = c.hidden_size;
   const int64_t vpad = layout.padded_vocab_;
   const int last_stage = p.pp - 1;
@@ -69,10 +111,9 @@ absl::StatusOr<ModelLayout> ModelLayout::Create(const ModelConfig& config,
   const int64_t attn_width = c.num_attention_heads * c.kv_channels;
   const int64_t fc1_rows = c.ffn_hidden_size * (c.swiglu() ? 2 : 1);
   const TpSplit fc1_split = c.swiglu() ? TpSplit::kSwigluRows : TpSplit::kRows;
-  const int per_chunk = layout.LayersPerChunk();
+  int chunk = 0;  // Model chunk c lives on stage c % pp as virtual chunk c / pp.
   for (int i = 0; i < c.num_layers; ++i) {
-    const int chunk =
-        i / per_chunk;  // Model chunk c lives on stage c % pp as virtual chunk c / pp.
+    while (i >= layout.chunk_begin_[chunk + 1]) ++chunk;
     const int stage = chunk % p.pp;
     const int vchunk = chunk / p.pp;
     const std::string prefix = absl::StrFormat("decoder.layers.%d.", i);
@@ -128,14 +169,9 @@ std::vector<const ParamSpec*> ModelLayout::StageParams(int pp_rank) const {
   return out;
 }
 
-int ModelLayout::LayersPerChunk() const {
-  return static_cast<int>(config_.num_layers / (parallel_.pp * parallel_.vpp));
-}
-
 std::pair<int, int> ModelLayout::StageLayers(int pp_rank, int virtual_chunk) const {
-  const int per_chunk = LayersPerChunk();
-  const int first = (virtual_chunk * parallel_.pp + pp_rank) * per_chunk;
-  return {first, first + per_chunk};
+  const int chunk = virtual_chunk * parallel_.pp + pp_rank;
+  return {chunk_begin_[chunk], chunk_begin_[chunk + 1]};
 }
 
 int ModelLayout::SplitDim(const ParamSpec& spec) {

@@ -24,6 +24,11 @@ struct ParallelConfig {
   int tp = 1;   // Tensor-parallel size.
   int pp = 1;   // Pipeline-parallel size.
   int vpp = 1;  // Virtual pipeline chunks per stage (interleaved schedule); 1 = none.
+  // Megatron-Core's --decoder-first/last-pipeline-num-layers: the decoder layers of the first /
+  // last pipeline stage; 0 = not set. With either set (PP > 1, VPP 1), the remaining layers are
+  // split evenly over the other stages.
+  int first_stage_layers = 0;
+  int last_stage_layers = 0;
 };
 
 enum class TpSplit {
@@ -56,7 +61,8 @@ int64_t PaddedVocabSize(int64_t vocab_size, int64_t divisor, int tp);
 class ModelLayout {
  public:
   // Refuses impossible layouts (heads, query groups or FFN not divisible by TP; layers not
-  // divisible by PP x VPP) with a message that says which number fails.
+  // divisible by PP x VPP, or an uneven first/last stage split that leaves a remainder) with a
+  // message that says which number fails.
   static absl::StatusOr<ModelLayout> Create(const ModelConfig& config,
                                             const ParallelConfig& parallel);
 
@@ -69,9 +75,9 @@ class ModelLayout {
   const ParamSpec* Find(std::string_view name) const;
   // The tensors pipeline rank `pp_rank` stores (all its virtual chunks).
   std::vector<const ParamSpec*> StageParams(int pp_rank) const;
-  // Global layers [first, second) of model chunk `virtual_chunk` on `pp_rank`.
+  // Global layers [first, second) of model chunk `virtual_chunk` on `pp_rank`. Chunks may differ
+  // in size (uneven first/last stage): ask this, never num_layers / (pp * vpp).
   std::pair<int, int> StageLayers(int pp_rank, int virtual_chunk) const;
-  int LayersPerChunk() const;
 
   // -1 when replicated.
   static int SplitDim(const ParamSpec& spec);
@@ -105,6 +111,8 @@ class ModelLayout {
   ParallelConfig parallel_;
   int64_t padded_vocab_ = 0;
   std::vector<ParamSpec> params_;
+  // First global layer of each model chunk c = virtual_chunk * pp + pp_rank, and num_layers last.
+  std::vector<int> chunk_begin_;
   absl::flat_hash_map<std::string, size_t> index_;
 };
 

@@ -1,5 +1,7 @@
 // convert_hf: HuggingFace GPT2LMHeadModel / LlamaForCausalLM folders to and from checkpoints.
 //   convert_hf --from-hf HF_DIR --save DIR [--target-tp N --target-pp M --target-vpp V]
+//              [--target-decoder-first-pipeline-num-layers F]
+//              [--target-decoder-last-pipeline-num-layers L]
 //   convert_hf --to-hf --load DIR --save HF_DIR [--iteration K] [--max-shard-size BYTES]
 #include <cstdint>
 #include <iostream>
@@ -23,6 +25,12 @@ int main(int argc, char** argv) {
   app.add_option("--target-tp", import_options.target.tp, "Tensor-parallel size of the import");
   app.add_option("--target-pp", import_options.target.pp, "Pipeline-parallel size of the import");
   app.add_option("--target-vpp", import_options.target.vpp, "Virtual pipeline chunks per stage");
+  app.add_option("--target-decoder-first-pipeline-num-layers",
+                 import_options.target.first_stage_layers,
+                 "Layers on the first pipeline stage (uneven split; default 0: even)");
+  app.add_option("--target-decoder-last-pipeline-num-layers",
+                 import_options.target.last_stage_layers,
+                 "Layers on the last pipeline stage (uneven split; default 0: even)");
   app.add_option("--make-vocab-size-divisible-by", import_options.make_vocab_size_divisible_by,
                  "Vocabulary padding divisor (times TP)");
   app.add_option("--iteration", iteration, "Iteration: saved as (import), read (export)");

@@ -1,7 +1,8 @@
 // reshard_checkpoint: rewrite a checkpoint for another tensor/pipeline-parallel layout, keeping the
 // optimizer state. Streams one parameter at a time.
 //   reshard_checkpoint --load DIR --save DIR --target-tp N --target-pp M [--target-vpp V]
-//                      [--iteration K]
+//                      [--target-decoder-first-pipeline-num-layers F]
+//                      [--target-decoder-last-pipeline-num-layers L] [--iteration K]
 #include <cstdint>
 #include <iostream>
 
@@ -18,6 +19,10 @@ int main(int argc, char** argv) {
   app.add_option("--target-tp", options.target.tp, "Target tensor-parallel size")->required();
   app.add_option("--target-pp", options.target.pp, "Target pipeline-parallel size")->required();
   app.add_option("--target-vpp", options.target.vpp, "Target virtual pipeline chunks per stage");
+  app.add_option("--target-decoder-first-pipeline-num-layers", options.target.first_stage_layers,
+                 "Target layers on the first pipeline stage (uneven split; default 0: even)");
+  app.add_option("--target-decoder-last-pipeline-num-layers", options.target.last_stage_layers,
+                 "Target layers on the last pipeline stage (uneven split; default 0: even)");
   app.add_option("--iteration", iteration, "Iteration to read (default: the tracker's)");
   CLI11_PARSE(app, argc, argv);
   if (iteration >= 0) options.iteration = iteration;

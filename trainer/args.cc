@@ -42,6 +42,11 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
   app.add_option("--num-layers-per-virtual-pipeline-stage",
                  a->num_layers_per_virtual_pipeline_stage,
                  "Layers per model chunk: the interleaved 1F1B schedule");
+  app.add_option("--decoder-first-pipeline-num-layers", a->decoder_first_pipeline_num_layers,
+                 "Layers on the first pipeline stage; the others split the rest evenly");
+  app.add_option("--decoder-last-pipeline-num-layers", a->decoder_last_pipeline_num_layers,
+                 "Layers on the last pipeline stage (which also holds the output layer and loss); "
+                 "the others split the rest evenly");
   app.add_flag("--sequence-parallel", a->sequence_parallel, "Sequence parallelism (needs TP > 1)");
   app.add_flag("--use-distributed-optimizer", a->use_distributed_optimizer,
                "Shard optimizer state over data-parallel ranks (ZeRO-1)");
@@ -184,8 +189,32 @@ absl::Status ValidateTrainArgs(TrainArgs* a) {
     return bad("rope needs an even head dimension, not ", a->kv_channels);
   if (a->ffn_hidden_size % tp != 0)
     return bad("--ffn-hidden-size ", a->ffn_hidden_size, " is not divisible by TP ", tp);
-  if (a->num_layers % pp != 0)
+  const std::optional<int64_t> first = a->decoder_first_pipeline_num_layers,
+                               last = a->decoder_last_pipeline_num_layers;
+  if (first || last) {
+    // Megatron-Core's uneven split: the first and/or last stage hold what is asked, the other
+    // stages share the rest evenly.
+    std::string what;  // "--decoder-first-pipeline-num-layers 5 and --decoder-last-... 7"
+    for (auto [flag, n] : {std::pair{"--decoder-first-pipeline-num-layers", first},
+                           std::pair{"--decoder-last-pipeline-num-layers", last}}) {
+      if (!n) continue;
+      if (*n < 1) return bad(flag, " must be at least 1, not ", *n);
+      absl::StrAppend(&what, what.empty() ? "" : " and ", flag, " ", *n);
+    }
+    if (pp < 2) return bad(what, " needs PP > 1");
+    if (a->num_layers_per_virtual_pipeline_stage != 0)
+      return bad(what, " does not work with --num-layers-per-virtual-pipeline-stage");
+    const int64_t rest = a->num_layers - first.value_or(0) - last.value_or(0);
+    const int others = pp - (first ? 1 : 0) - (last ? 1 : 0);
+    if (others == 0 && rest != 0)
+      return bad(what, " must add up to --num-layers ", a->num_layers, " with PP ", pp);
+    if (others > 0 && (rest < others || rest % others != 0))
+      return bad("--num-layers ", a->num_layers, " minus ", what, " leaves ", rest,
+                 " layers, which do not split evenly over the other ", others, " pipeline stage",
+                 others == 1 ? "" : "s", " of PP ", pp, " (at least 1 layer each)");
+  } else if (a->num_layers % pp != 0) {
     return bad("--num-layers ", a->num_layers, " is not divisible by PP ", pp);
+  }
   const int dp = a->data_parallel_size();
   if (a->global_batch_size % (a->micro_batch_size * dp) != 0)
     return bad("--global-batch-size ", a->global_batch_size, " is not divisible by micro-batch ",
@@ -271,7 +300,21 @@ ckpt::ModelConfig ModelConfigFromArgs(const TrainArgs& a) {
   return c;
 }
 
+ckpt::ParallelConfig ParallelConfigFromArgs(const TrainArgs& a) {
+  ckpt::ParallelConfig p;
+  p.tp = a.tensor_model_parallel_size;
+  p.pp = a.pipeline_model_parallel_size;
+  p.vpp = a.virtual_pipeline_size();
+  p.first_stage_layers = static_cast<int>(a.decoder_first_pipeline_num_layers.value_or(0));
+  p.last_stage_layers = static_cast<int>(a.decoder_last_pipeline_num_layers.value_or(0));
+  return p;
+}
+
 std::string TrainArgsToJson(const TrainArgs& a) {
+  // Megatron writes null for an unset uneven split.
+  auto count = [](const std::optional<int64_t>& n) {
+    return n ? absl::StrCat(*n) : std::string("null");
+  };
   return absl::StrFormat(
       "{\"micro_batch_size\": %d, \"global_batch_size\": %d, \"seq_length\": %d, "
       "\"train_iters\": %d, \"lr\": %.17g, \"min_lr\": %.17g, \"lr_decay_style\": \"%s\", "
@@ -280,13 +323,15 @@ std::string TrainArgsToJson(const TrainArgs& a) {
       "\"attention_dropout\": %.17g, \"tensor_model_parallel_size\": %d, "
       "\"pipeline_model_parallel_size\": %d, \"data_parallel_size\": %d, "
       "\"sequence_parallel\": %s, \"use_distributed_optimizer\": %s, \"tokenizer_type\": \"%s\", "
-      "\"virtual_pipeline_model_parallel_size\": %d}",
+      "\"virtual_pipeline_model_parallel_size\": %d, \"decoder_first_pipeline_num_layers\": %s, "
+      "\"decoder_last_pipeline_num_layers\": %s}",
       a.micro_batch_size, a.global_batch_size, a.seq_length, a.train_iters, a.lr, a.min_lr,
       a.lr_decay_style, a.lr_warmup_iters, a.lr_decay_iters, a.weight_decay, a.clip_grad, a.seed,
       a.hidden_dropout, a.attention_dropout, a.tensor_model_parallel_size,
       a.pipeline_model_parallel_size, a.data_parallel_size(),
       a.sequence_parallel ? "true" : "false", a.use_distributed_optimizer ? "true" : "false",
-      a.tokenizer_type, a.virtual_pipeline_size());
+      a.tokenizer_type, a.virtual_pipeline_size(), count(a.decoder_first_pipeline_num_layers),
+      count(a.decoder_last_pipeline_num_layers));
 }
 
 }  // namespace leantron::trainer

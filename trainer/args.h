@@ -3,10 +3,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "libckpt/layout.h"
 #include "libckpt/model_config.h"
 
 namespace CLI {
@@ -36,6 +38,8 @@ struct TrainArgs {
   // Parallelism.
   int tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1;
   int64_t num_layers_per_virtual_pipeline_stage = 0;  // 0: no interleaving
+  // Megatron-Core's uneven split: layers of the first / last pipeline stage (unset: even split).
+  std::optional<int64_t> decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers;
   bool sequence_parallel = false, use_distributed_optimizer = false;
   int nproc_per_node = 0;
   std::string recompute_granularity, recompute_method;  // empty: none
@@ -98,6 +102,8 @@ void AddTrainFlags(CLI::App& app, TrainArgs* args);
 absl::Status ValidateTrainArgs(TrainArgs* args);
 // The model config libckpt names and shards.
 ckpt::ModelConfig ModelConfigFromArgs(const TrainArgs& args);
+// Its parallel layout: TP, PP, VPP and the uneven first/last stage (0 when unset).
+ckpt::ParallelConfig ParallelConfigFromArgs(const TrainArgs& args);
 // The arguments that decide the numbers of a run, as one JSON object for checkpoint metadata.
 std::string TrainArgsToJson(const TrainArgs& args);
 

@@ -214,9 +214,8 @@ absl::Status Trainer::Run() {
   if (!ops.ok()) return ops.status();
   ops_ = std::move(*ops);
   const ckpt::ModelConfig config = ModelConfigFromArgs(args_);
-  absl::StatusOr<ckpt::ModelLayout> layout = ckpt::ModelLayout::Create(
-      config, {args_.tensor_model_parallel_size, args_.pipeline_model_parallel_size,
-               args_.virtual_pipeline_size()});
+  absl::StatusOr<ckpt::ModelLayout> layout =
+      ckpt::ModelLayout::Create(config, ParallelConfigFromArgs(args_));
   if (!layout.ok()) return layout.status();
   layout_ = std::make_unique<ckpt::ModelLayout>(std::move(*layout));
   params_ = std::make_unique<ParamStore>(ops_.get(), *layout_, g_.coords.tp, g_.coords.pp,
@@ -307,11 +306,21 @@ absl::Status Trainer::Run() {
     int64_t total = 0;
     for (const ckpt::ParamSpec& p : layout_->params())
       if (p.tied_to.empty()) total += ckpt::NumElements(p.shape);
+    // An uneven split (--decoder-first/last-pipeline-num-layers) shows each stage's layers.
+    std::string uneven;
+    const ckpt::ParallelConfig& par = layout_->parallel();
+    if (par.first_stage_layers > 0 || par.last_stage_layers > 0) {
+      for (int s = 0; s < par.pp; ++s) {
+        const auto [first, last] = layout_->StageLayers(s, 0);
+        absl::StrAppend(&uneven, s == 0 ? " (layers per stage " : ", ", last - first);
+      }
+      uneven += ")";
+    }
     Print(absl::StrFormat(
         "> building GPT model: %d layers, hidden %d, heads %d, ffn %d, padded vocab %d, %d "
-        "parameters; TP %d PP %d (x%d virtual) DP %d%s%s; %d micro-batches per step\n",
+        "parameters; TP %d PP %d%s (x%d virtual) DP %d%s%s; %d micro-batches per step\n",
         config.num_layers, config.hidden_size, config.num_attention_heads, config.ffn_hidden_size,
-        layout_->padded_vocab_size(), total, g_.sizes.tp, g_.sizes.pp,
+        layout_->padded_vocab_size(), total, g_.sizes.tp, g_.sizes.pp, uneven,
         args_.virtual_pipeline_size(), g_.sizes.dp, args_.sequence_parallel ? " +SP" : "",
         args_.use_distributed_optimizer ? " +distributed optimizer" : "",
         args_.num_micro_batches()));

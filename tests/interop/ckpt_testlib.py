@@ -223,9 +223,19 @@ def shard_dir_name(tp_rank, pp_rank, pp):
     return f"mp_rank_{tp_rank:02d}" if pp == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
 
 
-def stage_of(name, layers, pp, vpp):
+def stage_of(name, layers, pp, vpp, first=0, last=0):
+    """Pipeline stage holding `name`. `first`/`last`: Megatron-Core's
+    --decoder-first/last-pipeline-num-layers (0 = unset; VPP 1); the other stages share the rest."""
     if name.startswith("decoder.layers."):
         layer = int(name.split(".")[2])
+        if first or last:
+            others = pp - bool(first) - bool(last)
+            per = (layers - first - last) // others if others else 0
+            if first and layer < first:
+                return 0
+            if last and layer >= layers - last:
+                return pp - 1
+            return (1 if first else 0) + (layer - first) // per
         return (layer // (layers // (pp * vpp))) % pp
     if name.startswith("embedding."):
         return 0
@@ -261,8 +271,9 @@ def read_ours(path, iteration=None):
     return meta, out
 
 
-def write_ours(path, model_json, tp, pp, vpp, full, optimizer, iteration, step):
-    """Writes the documented checkpoint format from Python (the C++ side must load it)."""
+def write_ours(path, model_json, tp, pp, vpp, full, optimizer, iteration, step, first=0, last=0):
+    """Writes the documented checkpoint format from Python (the C++ side must load it); `first` /
+    `last` give an uneven pipeline split (Megatron's decoder_first/last_pipeline_num_layers)."""
     path = Path(path)
     it_dir = path / f"iter_{iteration:07d}"
     layers = model_json["num_layers"]
@@ -277,7 +288,7 @@ def write_ours(path, model_json, tp, pp, vpp, full, optimizer, iteration, step):
             d.mkdir(parents=True, exist_ok=True)
             model, opt = {}, {}
             for name in names:
-                if stage_of(name, layers, pp, vpp) != p:
+                if stage_of(name, layers, pp, vpp, first, last) != p:
                     continue
                 src = "embedding.word_embeddings.weight" if name not in full else name
                 rule = split_rule(name, swiglu)
@@ -286,10 +297,14 @@ def write_ours(path, model_json, tp, pp, vpp, full, optimizer, iteration, step):
                     opt[f"{kind}.{name}"] = np.ascontiguousarray(split(optimizer[kind][src], rule, tp)[t])
             save_file(model, str(d / "model.safetensors"), metadata={"format": "pt"})
             save_file(opt, str(d / "optimizer.safetensors"), metadata={"format": "pt"})
+    parallel = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
+                "virtual_pipeline_model_parallel_size": vpp}
+    if first:
+        parallel["decoder_first_pipeline_num_layers"] = first
+    if last:
+        parallel["decoder_last_pipeline_num_layers"] = last
     meta = {"format": "leantron-checkpoint", "format_version": 1, "iteration": iteration,
-            "consumed_samples": 12345, "model": model_json,
-            "parallel": {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
-                         "virtual_pipeline_model_parallel_size": vpp},
+            "consumed_samples": 12345, "model": model_json, "parallel": parallel,
             "optimizer": {"type": "adam", "step": step}, "args": {"lr": 3e-4, "note": "from python"}}
     (it_dir / "metadata.json").write_text(json.dumps(meta, indent=1))
     (path / "latest_checkpointed_iteration.txt").write_text(str(iteration))

@@ -8,8 +8,10 @@ import re
 import numpy as np
 import pytest
 
+from safetensors.numpy import load_file
+
 from ckpt_testlib import (gpt2_forward_hf, llama_forward_hf, make_gpt2, make_llama, megatron_forward,
-                          padded_vocab, read_hf, read_ours, run, write_ours)
+                          padded_vocab, read_hf, read_ours, run, shard_dir_name, stage_of, write_ours)
 
 GPT2_MODEL = {"num_layers": 4, "hidden_size": 32, "ffn_hidden_size": 128, "num_attention_heads": 4,
               "num_query_groups": 4, "kv_channels": 8, "vocab_size": 300, "max_position_embeddings": 64,
@@ -73,20 +75,44 @@ def rows(a, n):
     return a[:n] if a.ndim == 2 else a
 
 
+def assert_stages(path, model, tp, pp, vpp, first=0, last=0):
+    """Every rank's model file holds exactly the tensors stage_of puts on its pipeline stage."""
+    it_dir = path / f"iter_{int((path / 'latest_checkpointed_iteration.txt').read_text()):07d}"
+    names = list(full_shapes(model, tp))
+    if pp > 1 and not model["untie_embeddings_and_output_weights"]:
+        names.append("output_layer.weight")
+    for p in range(pp):
+        want = {n for n in names if stage_of(n, model["num_layers"], pp, vpp, first, last) == p}
+        for t in range(tp):
+            got = set(load_file(str(it_dir / shard_dir_name(t, p, pp) / "model.safetensors")))
+            assert got == want, (p, t, sorted(got ^ want))
+
+
 @pytest.mark.parametrize("model", [GPT2_MODEL, LLAMA_MODEL], ids=["gpt2", "llama"])
 def test_optimizer_state_survives_every_reshard(tmp_path, model):
     params, opt = random_state(model, 2, seed=7)
     src = tmp_path / "py_tp2pp2"
     write_ours(src, model, 2, 2, 1, params, opt, iteration=250, step=250)
     prev = src
-    for tp, pp, vpp in [(4, 1, 1), (1, 4, 1), (2, 2, 2), (1, 1, 1)]:
-        nxt = tmp_path / f"tp{tp}pp{pp}vpp{vpp}"
+    # (tp, pp, vpp, first, last): the last two are --target-decoder-first/last-pipeline-num-layers
+    # (0: not given, an even split).
+    for tp, pp, vpp, first, last in [(4, 1, 1, 0, 0), (1, 4, 1, 0, 0), (2, 3, 1, 0, 2),
+                                     (2, 2, 2, 0, 0), (1, 3, 1, 1, 1), (1, 1, 1, 0, 0)]:
+        nxt = tmp_path / f"tp{tp}pp{pp}vpp{vpp}f{first}l{last}"
+        uneven = []
+        if first:
+            uneven += ["--target-decoder-first-pipeline-num-layers", first]
+        if last:
+            uneven += ["--target-decoder-last-pipeline-num-layers", last]
         run("reshard_checkpoint", "--load", prev, "--save", nxt, "--target-tp", tp, "--target-pp", pp,
-            "--target-vpp", vpp)
+            "--target-vpp", vpp, *uneven)
         meta, ours = read_ours(nxt)
         assert meta["iteration"] == 250 and meta["optimizer"]["step"] == 250
         assert meta["consumed_samples"] == 12345 and meta["args"]["note"] == "from python"
         assert meta["parallel"]["virtual_pipeline_model_parallel_size"] == vpp
+        assert meta["parallel"].get("decoder_first_pipeline_num_layers", 0) == first
+        assert meta["parallel"].get("decoder_last_pipeline_num_layers", 0) == last
+        assert_stages(nxt, model, tp, pp, vpp, first, last)
         vp = padded_vocab(model["vocab_size"], tp)
         for kind, expected in [("", params)] + [(k + ".", opt[k]) for k in opt]:
             for name, array in expected.items():
@@ -114,6 +140,36 @@ def test_impossible_layouts_are_refused(tmp_path):
     proc = run("reshard_checkpoint", "--load", tmp_path / "src", "--save", tmp_path / "dst",
                "--target-tp", 1, "--target-pp", 1, "--iteration", 2, ok=False)
     assert "iter_0000002" in proc.stderr
+    # Uneven pipeline splits (4 layers): a remainder that does not divide, PP 1, VPP.
+    for pp, vpp, flag, n, message in [
+            (3, 1, "last", 1, "leave 3 layers, which do not split evenly over the other 2"),
+            (1, 1, "first", 2, "decoder_first_pipeline_num_layers 2 needs PP > 1"),
+            (2, 2, "first", 1, "does not work with virtual pipeline chunks")]:
+        proc = run("reshard_checkpoint", "--load", tmp_path / "src", "--save", tmp_path / "dst",
+                   "--target-tp", 1, "--target-pp", pp, "--target-vpp", vpp,
+                   f"--target-decoder-{flag}-pipeline-num-layers", n, ok=False)
+        assert message in proc.stderr, proc.stderr
+        assert not (tmp_path / "dst").exists()
+
+
+def test_uneven_checkpoint_written_from_python_loads(tmp_path):
+    """The documented keys, written by Python (layers placed by stage_of), load in the C++ tools."""
+    params, opt = random_state(GPT2_MODEL, 2, seed=11)
+    write_ours(tmp_path / "src", GPT2_MODEL, 2, 3, 1, params, opt, iteration=7, step=7, first=2)
+    assert_stages(tmp_path / "src", GPT2_MODEL, 2, 3, 1, first=2)
+    out = run("inspect", "checkpoint", tmp_path / "src").stdout
+    assert "decoder_first_pipeline_num_layers 2" in out
+    assert "stage 0: layers [0, 2)" in out and "stage 1: layers [2, 3)" in out
+    assert "stage 2: layers [3, 4)" in out
+    run("reshard_checkpoint", "--load", tmp_path / "src", "--save", tmp_path / "dst",
+        "--target-tp", 1, "--target-pp", 2, "--target-decoder-last-pipeline-num-layers", 1)
+    assert_stages(tmp_path / "dst", GPT2_MODEL, 1, 2, 1, last=1)
+    _, ours = read_ours(tmp_path / "dst")
+    for kind, expected in [("", params)] + [(k + ".", opt[k]) for k in opt]:
+        for name, array in expected.items():
+            got = ours[kind][name]
+            assert np.array_equal(rows(got, GPT2_MODEL["vocab_size"]),
+                                  rows(array, GPT2_MODEL["vocab_size"])), (kind, name)
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
@@ -128,9 +184,14 @@ def test_resharded_model_computes_the_same_logits(tmp_path, arch):
         "--target-pp", 1)
     run("reshard_checkpoint", "--load", tmp_path / "b", "--save", tmp_path / "c", "--target-tp", 1,
         "--target-pp", 4)
+    # Imported straight into an uneven pipeline split (4 layers: 2 on the first stage, 1 + 1).
+    run("convert_hf", "--from-hf", hf, "--save", tmp_path / "d", "--target-tp", 2, "--target-pp", 3,
+        "--target-decoder-first-pipeline-num-layers", 2)
+    meta, _ = read_ours(tmp_path / "d")
+    assert meta["parallel"]["decoder_first_pipeline_num_layers"] == 2
     ids = np.random.default_rng(5).integers(0, 300, 17)
     reference = gpt2_forward_hf(tensors, cfg, ids) if arch == "gpt2" else llama_forward_hf(tensors, cfg, ids)
-    for path in ("a", "b", "c"):
+    for path in ("a", "b", "c", "d"):
         meta, ours = read_ours(tmp_path / path)
         logits = megatron_forward(ours[""], meta["model"], ids)
         assert logits.shape == reference.shape

@@ -1,4 +1,4 @@
-"""Parallel equivalence (data, tensor, sequence, pipeline 1F1B and interleaved, distributed
+"""Parallel equivalence (data, tensor, sequence, pipeline 1F1B, interleaved and uneven, distributed
 optimizer), as real separate processes over Gloo: training losses, validation losses
 and final weights of (TP, PP, DP) = (1, 1, 1) equal those of every implemented layout to float32
 tolerance, over 20 iterations with gradient accumulation and dropout on, on a real small dataset."""
@@ -44,6 +44,12 @@ LAYOUTS = {
     "pp2_interleaved": (2, ["--pipeline-model-parallel-size", "2",
                             "--num-layers-per-virtual-pipeline-stage", "1"]),
     "pp4": (4, ["--pipeline-model-parallel-size", "4"]),
+    # Megatron-Core's uneven split of the 4 layers: 3 + 1, and 1 + 2 + 1.
+    "pp2_uneven": (2, ["--pipeline-model-parallel-size", "2",
+                       "--decoder-last-pipeline-num-layers", "1"]),
+    "pp3_uneven": (3, ["--pipeline-model-parallel-size", "3",
+                       "--decoder-first-pipeline-num-layers", "1",
+                       "--decoder-last-pipeline-num-layers", "1"]),
     "dp2_pp2_interleaved": (4, ["--pipeline-model-parallel-size", "2",
                                 "--num-layers-per-virtual-pipeline-stage", "1"]),
     "tp2_pp2_sp": (4, ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
@@ -68,7 +74,16 @@ def test_layout_matches_single_process(layout, dataset, baseline, tmp_path):
         assert train[it][2] == pytest.approx(norm, rel=1e-3, abs=2e-3), f"grad norm {it}"
     for it, loss in base_valid.items():
         assert valid[it] == pytest.approx(loss, rel=2e-5)
-    _, weights = read_ours(save)
+    meta, weights = read_ours(save)
+    if "--decoder-last-pipeline-num-layers" in extra or "--decoder-first-pipeline-num-layers" in extra:
+        # Each rank holds the layers of the uneven split, and the checkpoint says so.
+        stages = {"pp2_uneven": ["[0, 3) +embedding", "[3, 4) +output"],
+                  "pp3_uneven": ["[0, 1) +embedding", "[1, 3)", "[3, 4) +output"]}[layout]
+        for rank, layers in enumerate(stages):
+            assert f"[Rank {rank}] tp 0 pp {rank} dp 0 | layers {layers} |" in proc.stdout
+        first = meta["parallel"].get("decoder_first_pipeline_num_layers")
+        last = meta["parallel"].get("decoder_last_pipeline_num_layers")
+        assert (first, last) == {"pp2_uneven": (None, 1), "pp3_uneven": (1, 1)}[layout]
     for kind in ("", "main_param.", "exp_avg.", "exp_avg_sq."):
         tied = weights[kind].pop("output_layer.weight", None)
         if tied is not None:  # PP > 1: the last stage's copy of the tied embedding stays equal
@@ -122,7 +137,7 @@ def llama_baseline(dataset, tmp_path_factory):
     return train, valid, read_ours(save)[1]
 
 
-@pytest.mark.parametrize("layout", ["tp2_sp", "pp2_interleaved", "tp2_pp2_dp2_distopt"])
+@pytest.mark.parametrize("layout", ["tp2_sp", "pp2_interleaved", "pp2_uneven", "tp2_pp2_dp2_distopt"])
 def test_llama_style_layout_matches_single_process(layout, dataset, llama_baseline, tmp_path):
     """RMSNorm, SwiGLU ([gate; up] TP shards), RoPE, grouped-query attention (whole groups per TP
     rank), untied output layer, no biases: the same equivalence."""

@@ -65,6 +65,31 @@ def test_resume_into_another_layout(dataset, tmp_path):
         np.testing.assert_allclose(got[""][name], w, rtol=1e-3, atol=2e-5, err_msg=name)
 
 
+def test_resume_uneven_pipeline_checkpoint_under_pp1(dataset, tmp_path):
+    """Saved with --decoder-first-pipeline-num-layers 3 under PP 2 (3 + 1 layers), resumed by a
+    single process: the same numbers as a straight single-process run."""
+    uneven = ["--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "3"]
+    straight = run_train(common(dataset) + ["--save", tmp_path / "a"])
+    run_train(common(dataset) + uneven + ["--save", tmp_path / "b", "--exit-interval", ITERS // 2],
+              nproc=2)
+    meta, _ = read_ours(tmp_path / "b")
+    assert meta["parallel"]["decoder_first_pipeline_num_layers"] == 3
+    assert "decoder_last_pipeline_num_layers" not in meta["parallel"]
+    assert meta["args"]["decoder_first_pipeline_num_layers"] == 3
+    assert meta["args"]["decoder_last_pipeline_num_layers"] is None
+    assert [s["layers"] for s in meta["layout"]["stages"]] == [[[0, 3]], [[3, 4]]]
+    rest = run_train(common(dataset) + ["--load", tmp_path / "b", "--save", tmp_path / "c"])
+    a_train, _ = parse_log(straight.stdout)
+    c_train, _ = parse_log(rest.stdout)
+    assert sorted(c_train) == list(range(ITERS // 2 + 1, ITERS + 1))
+    for it, row in c_train.items():
+        assert row[1] == pytest.approx(a_train[it][1], rel=2e-5)
+    _, want = read_ours(tmp_path / "a")
+    _, got = read_ours(tmp_path / "c")
+    for name, w in want[""].items():
+        np.testing.assert_allclose(got[""][name], w, rtol=1e-3, atol=2e-5, err_msg=name)
+
+
 def test_sigterm_saves_and_exits(dataset, tmp_path):
     args = [str(TRAIN), *map(str, common(dataset)), "--train-iters", "100000",
             "--lr-decay-iters", "100", "--save", str(tmp_path / "ck"), "--nproc-per-node", "2",
@@ -93,6 +118,20 @@ def one_line_error(proc, text):
 @pytest.mark.parametrize("extra,nproc,text", [
     (["--tensor-model-parallel-size", "3"], 3, "--num-attention-heads 4 is not divisible by TP 3"),
     (["--pipeline-model-parallel-size", "3"], 3, "--num-layers 4 is not divisible by PP 3"),
+    (["--pipeline-model-parallel-size", "3", "--decoder-last-pipeline-num-layers", "1"], 3,
+     "--num-layers 4 minus --decoder-last-pipeline-num-layers 1 leaves 3 layers, which do not split "
+     "evenly over the other 2 pipeline stages of PP 3"),
+    (["--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "3",
+      "--decoder-last-pipeline-num-layers", "2"], 2,
+     "--decoder-first-pipeline-num-layers 3 and --decoder-last-pipeline-num-layers 2 must add up to "
+     "--num-layers 4 with PP 2"),
+    (["--decoder-first-pipeline-num-layers", "2"], None,
+     "--decoder-first-pipeline-num-layers 2 needs PP > 1"),
+    (["--pipeline-model-parallel-size", "2", "--decoder-last-pipeline-num-layers", "0"], 2,
+     "--decoder-last-pipeline-num-layers must be at least 1, not 0"),
+    (["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1",
+      "--decoder-first-pipeline-num-layers", "2"], 2,
+     "--decoder-first-pipeline-num-layers 2 does not work with --num-layers-per-virtual-pipeline-stage"),
     (["--micro-batch-size", "3"], None, "--global-batch-size 8 is not divisible by micro-batch 3"),
     (["--global-batch-size", "6"], 2, "--global-batch-size 6 is not divisible by micro-batch 2 x DP 2"),
     (["--sequence-parallel", "--tensor-model-parallel-size", "2", "--seq-length", "31"], 2,

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -13,6 +14,7 @@
 #include "libckpt/checkpoint_writer.h"
 #include "libckpt/reshard.h"
 #include "libckpt/safetensors_writer.h"
+#include "libckpt/strings.h"
 
 namespace leantron::ckpt {
 namespace {
@@ -252,6 +254,125 @@ TEST_F(CheckpointTest, PerRankSaveAsATrainerDoesIt) {
   EXPECT_FALSE(fs::exists(*temp));
   ExpectRanksMatch(Dir("dst"), config, parallel);
   ExpectRanksMatch(Dir("dst"), config, {4, 1, 1});
+}
+
+TEST(CheckpointMetadataTest, UnevenPipelineSplitRoundTrips) {
+  ModelConfig config = Gpt2StyleConfig(36, 16, 4, 300, 32);
+  CheckpointMetadata m;
+  m.config = config;
+  m.iteration = 9;
+  for (const ParallelConfig& p : std::vector<ParallelConfig>{
+           {2, 4, 1, 5, 7}, {1, 2, 1, 19, 0}, {1, 4, 1, 0, 6}, {2, 4, 1, 0, 0}}) {
+    m.parallel = p;
+    auto layout = ModelLayout::Create(config, p);
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    const std::string json = CheckpointMetadataToJson(m, *layout);
+    // Written inside "parallel" under Megatron's names, only when set.
+    const size_t parallel = json.find("\"parallel\": {");
+    const size_t parallel_end = json.find('}', parallel);
+    ASSERT_NE(parallel, std::string::npos);
+    for (auto [key, value] : {std::pair{"decoder_first_pipeline_num_layers", p.first_stage_layers},
+                              std::pair{"decoder_last_pipeline_num_layers", p.last_stage_layers}}) {
+      const size_t at = json.find(Cat("\"", key, "\": "));
+      if (value == 0) {
+        EXPECT_EQ(at, std::string::npos) << json;
+      } else {
+        EXPECT_NE(json.find(Cat("\"", key, "\": ", value)), std::string::npos) << json;
+        EXPECT_TRUE(at > parallel && at < parallel_end) << json;
+      }
+    }
+    auto back = ParseCheckpointMetadata(json, "test");
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->parallel.tp, p.tp);
+    EXPECT_EQ(back->parallel.pp, p.pp);
+    EXPECT_EQ(back->parallel.vpp, p.vpp);
+    EXPECT_EQ(back->parallel.first_stage_layers, p.first_stage_layers);
+    EXPECT_EQ(back->parallel.last_stage_layers, p.last_stage_layers);
+  }
+  // The descriptive layout block lists the uneven stages.
+  m.parallel = {1, 4, 1, 5, 7};
+  const std::string json = CheckpointMetadataToJson(m, *ModelLayout::Create(config, m.parallel));
+  EXPECT_NE(json.find("\"layers\": [[0, 5]]}, {\"pp_rank\": 1, \"layers\": [[5, 17]]}, "
+                      "{\"pp_rank\": 2, \"layers\": [[17, 29]]}, {\"pp_rank\": 3, \"layers\": "
+                      "[[29, 36]]}"),
+            std::string::npos)
+      << json;
+  // Written by hand: one key only, the other absent; a non-number is refused.
+  const std::string base =
+      Cat("{\"format\": \"leantron-checkpoint\", \"format_version\": 1, \"iteration\": 1, "
+          "\"consumed_samples\": 0, \"model\": ",
+          ModelConfigToJson(config),
+          ", \"parallel\": {\"tensor_model_parallel_size\": 1, \"pipeline_model_parallel_size\": "
+          "3, \"virtual_pipeline_model_parallel_size\": 1");
+  auto only_last =
+      ParseCheckpointMetadata(base + ", \"decoder_last_pipeline_num_layers\": 4}}", "t");
+  ASSERT_TRUE(only_last.ok()) << only_last.status();
+  EXPECT_EQ(only_last->parallel.first_stage_layers, 0);
+  EXPECT_EQ(only_last->parallel.last_stage_layers, 4);
+  auto even = ParseCheckpointMetadata(base + "}}", "t");
+  ASSERT_TRUE(even.ok()) << even.status();
+  EXPECT_EQ(even->parallel.first_stage_layers, 0);
+  EXPECT_EQ(even->parallel.last_stage_layers, 0);
+  EXPECT_FALSE(
+      ParseCheckpointMetadata(base + ", \"decoder_first_pipeline_num_layers\": \"4\"}}", "t").ok());
+  EXPECT_FALSE(
+      ParseCheckpointMetadata(base + ", \"decoder_first_pipeline_num_layers\": -2}}", "t").ok());
+}
+
+TEST_F(CheckpointTest, UnevenPipelineSplitSavesLoadsAndReshards) {
+  for (const ModelConfig& config :
+       {Gpt2StyleConfig(4, 16, 4, 300, 32), LlamaStyleConfig(4, 32, 40, 8, 4, 300, 32)}) {
+    SyntheticSource source(config.vocab_size);
+    // PP 3, first stage 2 layers: stages hold layers [0, 2), [2, 3), [3, 4).
+    const ParallelConfig uneven = {2, 3, 1, 2, 0};
+    ASSERT_TRUE(SaveCheckpointFrom(source, Metadata(config, uneven, 10), Dir("u")).ok());
+    auto reader = CheckpointReader::Open(Dir("u"), std::nullopt);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    EXPECT_EQ((*reader)->metadata().parallel.first_stage_layers, 2);
+    EXPECT_EQ((*reader)->metadata().parallel.last_stage_layers, 0);
+    // Which layers each shard file holds, by name.
+    const std::vector<std::vector<int>> held = {{0, 1}, {2}, {3}};
+    for (int pp = 0; pp < 3; ++pp) {
+      for (int tp = 0; tp < 2; ++tp) {
+        const SafetensorsFile& file = (*reader)->shard_file(tp, pp, false);
+        for (int layer = 0; layer < 4; ++layer) {
+          const bool here = std::find(held[pp].begin(), held[pp].end(), layer) != held[pp].end();
+          EXPECT_EQ(file.Find(Cat("decoder.layers.", layer, ".mlp.linear_fc2.weight")) != nullptr,
+                    here)
+              << "pp " << pp << " layer " << layer;
+        }
+        EXPECT_EQ(file.Find("decoder.final_layernorm.weight") != nullptr, pp == 2);
+        EXPECT_EQ(file.Find("embedding.word_embeddings.weight") != nullptr, pp == 0);
+      }
+    }
+    ExpectRanksMatch(Dir("u"), config, uneven);
+    // Into even and other uneven layouts, and back.
+    const std::vector<ParallelConfig> chain = {
+        {1, 1, 1, 0, 0}, {1, 2, 1, 0, 3}, {4, 4, 1, 0, 0}, {1, 3, 1, 1, 1}, {2, 2, 2, 0, 0}};
+    std::string from = Dir("u");
+    for (size_t i = 0; i < chain.size(); ++i) {
+      const std::string to = Dir("r" + std::to_string(i));
+      ASSERT_TRUE(ReshardCheckpoint(from, to, {std::nullopt, chain[i]}).ok());
+      ExpectRanksMatch(to, config, chain[i]);
+      auto r = CheckpointReader::Open(to, std::nullopt);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ((*r)->metadata().parallel.first_stage_layers, chain[i].first_stage_layers);
+      EXPECT_EQ((*r)->metadata().parallel.last_stage_layers, chain[i].last_stage_layers);
+      from = to;
+    }
+    // Loaded directly into any layout, uneven ones included.
+    ExpectRanksMatch(Dir("u"), config, {1, 4, 1, 0, 0});
+    ExpectRanksMatch(Dir("u"), config, {2, 2, 1, 3, 1});
+    ExpectRanksMatch(Dir("r0"), config, {1, 3, 1, 0, 2});
+    // An impossible target is refused before anything is written.
+    auto bad = ReshardCheckpoint(Dir("u"), Dir("bad"), {std::nullopt, {1, 3, 1, 0, 3}});
+    ASSERT_FALSE(bad.ok());
+    EXPECT_NE(bad.message().find("decoder_last_pipeline_num_layers 3"), std::string::npos)
+        << bad.message();
+    EXPECT_FALSE(fs::exists(Dir("bad")));
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+  }
 }
 
 TEST_F(CheckpointTest, KilledWriterLeavesPreviousCheckpointLoadable) {

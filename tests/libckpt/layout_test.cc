@@ -142,6 +142,93 @@ TEST(LayoutTest, RefusesImpossibleLayoutsWithReasons) {
   EXPECT_FALSE(ModelLayout::Create(bad_heads, {1, 1, 1}).ok());
 }
 
+// Megatron-Core's --decoder-first/last-pipeline-num-layers. Expected boundaries are written out by
+// hand: with only the first set the other PP-1 stages share the rest, with only the last set the
+// first PP-1 stages, with both the PP-2 middle stages.
+TEST(LayoutTest, UnevenPipelineSplit) {
+  ModelConfig config = LlamaStyleConfig(36, 32, 48, 8, 2, 1000, 64);
+  struct Case {
+    ParallelConfig parallel;
+    std::vector<std::pair<int, int>> stages;
+  };
+  const std::vector<Case> cases = {
+      {{1, 2, 1, 19, 0}, {{0, 19}, {19, 36}}},
+      {{2, 2, 1, 0, 10}, {{0, 26}, {26, 36}}},
+      {{1, 4, 1, 5, 7}, {{0, 5}, {5, 17}, {17, 29}, {29, 36}}},
+      {{1, 4, 1, 0, 6}, {{0, 10}, {10, 20}, {20, 30}, {30, 36}}},
+      {{1, 3, 1, 12, 0}, {{0, 12}, {12, 24}, {24, 36}}},  // Same as even, asked for.
+      {{1, 2, 1, 20, 16}, {{0, 20}, {20, 36}}},           // PP 2: both given, nothing in between.
+  };
+  for (const Case& c : cases) {
+    const ParallelConfig& p = c.parallel;
+    SCOPED_TRACE(::testing::Message() << "PP " << p.pp << " first " << p.first_stage_layers
+                                      << " last " << p.last_stage_layers);
+    auto layout = ModelLayout::Create(config, p);
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    ASSERT_EQ(static_cast<int>(c.stages.size()), p.pp);
+    for (int s = 0; s < p.pp; ++s) EXPECT_EQ(layout->StageLayers(s, 0), c.stages[s]) << s;
+    // Every layer's parameters sit on the stage whose range holds the layer.
+    int layer_params = 0;
+    for (const ParamSpec& spec : layout->params()) {
+      if (spec.layer < 0) continue;
+      ++layer_params;
+      int want = 0;
+      while (spec.layer >= c.stages[want].second) ++want;
+      EXPECT_EQ(spec.stage, want) << spec.name;
+      EXPECT_EQ(spec.virtual_chunk, 0) << spec.name;
+    }
+    EXPECT_EQ(layer_params, 36 * 6);  // Llama style: 2 norms, qkv, proj, fc1, fc2 per layer.
+    EXPECT_EQ(layout->Find("embedding.word_embeddings.weight")->stage, 0);
+    EXPECT_EQ(layout->Find("decoder.final_layernorm.weight")->stage, p.pp - 1);
+    EXPECT_EQ(layout->Find("output_layer.weight")->stage, p.pp - 1);
+    // The last stage holds its layers' tensors plus the final norm and the (untied) output layer.
+    const int last_layers = c.stages.back().second - c.stages.back().first;
+    EXPECT_EQ(static_cast<int>(layout->StageParams(p.pp - 1).size()), last_layers * 6 + 2);
+  }
+  // With an uneven split, the layer count need not be divisible by PP.
+  auto odd = ModelLayout::Create(LlamaStyleConfig(7, 32, 48, 8, 2, 1000, 64), {1, 2, 1, 0, 3});
+  ASSERT_TRUE(odd.ok()) << odd.status();
+  EXPECT_EQ(odd->StageLayers(0, 0), (std::pair<int, int>{0, 4}));
+  EXPECT_EQ(odd->StageLayers(1, 0), (std::pair<int, int>{4, 7}));
+  EXPECT_EQ(odd->Find("decoder.layers.3.mlp.linear_fc1.weight")->stage, 0);
+  EXPECT_EQ(odd->Find("decoder.layers.4.mlp.linear_fc1.weight")->stage, 1);
+}
+
+TEST(LayoutTest, UnevenPipelineSplitRefusals) {
+  ModelConfig config = LlamaStyleConfig(36, 32, 48, 8, 2, 1000, 64);
+  auto refused = [&](ParallelConfig p, std::vector<std::string> phrases) {
+    auto layout = ModelLayout::Create(config, p);
+    ASSERT_FALSE(layout.ok()) << "PP " << p.pp << " first " << p.first_stage_layers << " last "
+                              << p.last_stage_layers;
+    const std::string message(layout.status().message());
+    for (const std::string& phrase : phrases) {
+      EXPECT_NE(message.find(phrase), std::string::npos) << message << "\n  lacks: " << phrase;
+    }
+  };
+  // 36 - 5 = 31 over 2 stages; 36 - 7 = 29 over 3; 36 - 5 - 8 = 23 over 2.
+  refused({1, 3, 1, 5, 0}, {"decoder_first_pipeline_num_layers 5", "leave 31 layers", "other 2"});
+  refused({1, 4, 1, 0, 7}, {"decoder_last_pipeline_num_layers 7", "leave 29 layers", "other 3"});
+  refused({1, 4, 1, 5, 8},
+          {"decoder_first_pipeline_num_layers 5 and decoder_last_pipeline_num_layers 8",
+           "leave 23 layers"});
+  // PP 2 with both: they must cover the model.
+  refused({1, 2, 1, 20, 15}, {"must add up to the model's 36 layers"});
+  // A stage left without layers, or asked for more than there are.
+  refused({1, 2, 1, 36, 0}, {"leave 0 layers"});
+  refused({1, 3, 1, 18, 18}, {"leave 0 layers", "other 1 pipeline stage "});
+  refused({1, 2, 1, 0, 40}, {"leave -4 layers"});
+  // Counts below 1 (0 means "not set").
+  refused({1, 2, 1, -1, 0}, {"decoder_first_pipeline_num_layers must be at least 1", "not -1"});
+  refused({1, 2, 1, 0, -3}, {"decoder_last_pipeline_num_layers must be at least 1", "not -3"});
+  // PP 1, and virtual pipeline chunks.
+  refused({1, 1, 1, 36, 0}, {"decoder_first_pipeline_num_layers 36 needs PP > 1"});
+  refused({1, 1, 1, 0, 4}, {"decoder_last_pipeline_num_layers 4 needs PP > 1"});
+  refused({1, 2, 2, 10, 0}, {"decoder_first_pipeline_num_layers 10", "virtual pipeline"});
+  refused({1, 2, 3, 0, 12}, {"decoder_last_pipeline_num_layers 12", "virtual pipeline"});
+  // The plain check still applies without the flags.
+  refused({1, 5, 1, 0, 0}, {"36 layers are not divisible by PP x VPP = 5"});
+}
+
 TEST(LayoutTest, ConfigJsonRoundTrip) {
   ModelConfig config = LlamaStyleConfig(6, 32, 48, 8, 2, 1000, 64);
   config.rotary_base = 500000.0;

@@ -253,5 +253,71 @@ TEST(ArgsTest, InconsistentSettingsAreRefusedWithOneLine) {
   EXPECT_FALSE(Check({"--lr-decay-style", "WSD"}, 1).ok());
 }
 
+TEST(ArgsTest, UnevenPipelineSplitIsCheckedLikeMegatronCore) {
+  auto msg = [](const absl::Status& s) { return std::string(s.message()); };
+  // 4 layers: 3 + 1, 1 + 3, 1 + 2 + 1 (both, one middle stage), 2 + 1 + 1 (first, two others).
+  EXPECT_TRUE(
+      Check({"--pipeline-model-parallel-size", "2", "--decoder-last-pipeline-num-layers", "1"}, 2)
+          .ok());
+  EXPECT_TRUE(
+      Check({"--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "1"}, 2)
+          .ok());
+  EXPECT_TRUE(Check({"--pipeline-model-parallel-size", "3", "--decoder-first-pipeline-num-layers",
+                     "1", "--decoder-last-pipeline-num-layers", "1"},
+                    3)
+                  .ok());
+  EXPECT_TRUE(
+      Check({"--pipeline-model-parallel-size", "3", "--decoder-first-pipeline-num-layers", "2"}, 3)
+          .ok());
+  EXPECT_EQ(
+      msg(Check({"--pipeline-model-parallel-size", "3", "--decoder-last-pipeline-num-layers", "1"},
+                3)),
+      "--num-layers 4 minus --decoder-last-pipeline-num-layers 1 leaves 3 layers, which do not "
+      "split evenly over the other 2 pipeline stages of PP 3 (at least 1 layer each)");
+  EXPECT_EQ(
+      msg(Check({"--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "4"},
+                2)),
+      "--num-layers 4 minus --decoder-first-pipeline-num-layers 4 leaves 0 layers, which do "
+      "not split evenly over the other 1 pipeline stage of PP 2 (at least 1 layer each)");
+  EXPECT_EQ(msg(Check({"--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers",
+                       "1", "--decoder-last-pipeline-num-layers", "2"},
+                      2)),
+            "--decoder-first-pipeline-num-layers 1 and --decoder-last-pipeline-num-layers 2 must "
+            "add up to --num-layers 4 with PP 2");
+  EXPECT_EQ(msg(Check({"--decoder-last-pipeline-num-layers", "2"}, 1)),
+            "--decoder-last-pipeline-num-layers 2 needs PP > 1");
+  EXPECT_EQ(
+      msg(Check({"--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "0"},
+                2)),
+      "--decoder-first-pipeline-num-layers must be at least 1, not 0");
+  EXPECT_EQ(
+      msg(Check({"--pipeline-model-parallel-size", "2", "--decoder-last-pipeline-num-layers", "-1"},
+                2)),
+      "--decoder-last-pipeline-num-layers must be at least 1, not -1");
+  EXPECT_EQ(
+      msg(Check({"--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage",
+                 "1", "--decoder-last-pipeline-num-layers", "1"},
+                2)),
+      "--decoder-last-pipeline-num-layers 1 does not work with "
+      "--num-layers-per-virtual-pipeline-stage");
+  // With the flags, --num-layers need not be divisible by PP.
+  EXPECT_TRUE(Check({"--num-layers", "7", "--pipeline-model-parallel-size", "2",
+                     "--decoder-last-pipeline-num-layers", "3"},
+                    2)
+                  .ok());
+  // What reaches the layout and the checkpoint's args.
+  CLI::App app;
+  TrainArgs args;
+  AddTrainFlags(app, &args);
+  app.parse("--pipeline-model-parallel-size 3 --decoder-first-pipeline-num-layers 2", false);
+  const ckpt::ParallelConfig p = ParallelConfigFromArgs(args);
+  EXPECT_EQ(p.pp, 3);
+  EXPECT_EQ(p.first_stage_layers, 2);
+  EXPECT_EQ(p.last_stage_layers, 0);
+  const std::string json = TrainArgsToJson(args);
+  EXPECT_NE(json.find("\"decoder_first_pipeline_num_layers\": 2"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"decoder_last_pipeline_num_layers\": null"), std::string::npos) << json;
+}
+
 }  // namespace
 }  // namespace leantron::trainer
