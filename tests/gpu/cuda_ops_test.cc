@@ -671,16 +671,24 @@ TYPED_TEST(KernelTest, ConvertAndFill) {
 }
 
 // x = residual + Dropout(branch), LayerNorm(x) (or RMSNorm), against CpuOps on the T-rounded
-// inputs, with x rounded to T as the kernel stores it.
+// inputs, with x rounded to T as the kernel stores it. With `two_branches` (LayerNorm) the branch
+// comes in two addends, summed and rounded to T first.
 template <typename T>
-void CheckFusedNormForward(Ops* cpu, bool rms, int64_t rows, int64_t cols, bool residual, float p) {
+void CheckFusedNormForward(Ops* cpu, bool rms, int64_t rows, int64_t cols, bool residual, float p,
+                           bool two_branches = false) {
   SCOPED_TRACE(testing::Message() << TypeName<T>() << (rms ? " rms " : " ln ") << rows << "x"
-                                  << cols << " residual " << residual << " p " << p);
+                                  << cols << " residual " << residual << " p " << p
+                                  << " two branches " << two_branches);
   const HiddenDropout drop = TestDropout(p);
   const auto res = RoundT<T>(Rand(rows * cols, 140, 2.0f, 0.3f));
   const auto br = RoundT<T>(Rand(rows * cols, 141));
+  const auto br2 = RoundT<T>(Rand(rows * cols, 144));
   const auto w = Rand(cols, 142, 0.5f, 1.0f), b = Rand(cols, 143);
   std::vector<float> x = br;
+  if (two_branches) {
+    cpu->AddInPlace(x.data(), br2.data(), x.size());
+    x = RoundT<T>(x);
+  }
   if (residual) {
     cpu->Dropout(x.data(), rows, cols, drop);
     cpu->AddInPlace(x.data(), res.data(), x.size());
@@ -696,6 +704,7 @@ void CheckFusedNormForward(Ops* cpu, bool rms, int64_t rows, int64_t cols, bool 
 
   auto d_res = DevT<T>(res);
   auto d_br = DevT<T>(br);
+  auto d_br2 = DevT<T>(br2);
   Dev<float> d_w(w), d_b(b), d_mean(rows), d_rstd(rows);
   Dev<T> d_x(rows * cols), d_out(rows * cols);
   if (rms) {
@@ -705,7 +714,8 @@ void CheckFusedNormForward(Ops* cpu, bool rms, int64_t rows, int64_t cols, bool 
   } else {
     AddLayerNormForward<T>(residual ? d_x.get() : nullptr, d_out.get(), d_mean.get(), d_rstd.get(),
                            residual ? d_res->get() : nullptr, d_br->get(), d_w.get(), d_b.get(),
-                           rows, cols, 1e-5f, drop, MainStream());
+                           rows, cols, 1e-5f, drop, MainStream(),
+                           two_branches ? d_br2->get() : nullptr);
   }
   if (residual) {
     EXPECT_TRUE(Close(DownF(d_x), x, Tol<T>())) << "x_out";
@@ -722,6 +732,7 @@ TYPED_TEST(KernelTest, AddLayerNormForward) {
     CheckFusedNormForward<TypeParam>(this->cpu_.get(), false, rows, cols, false, 0.0f);
     CheckFusedNormForward<TypeParam>(this->cpu_.get(), false, rows, cols, true, 0.0f);
     CheckFusedNormForward<TypeParam>(this->cpu_.get(), false, rows, cols, true, 0.1f);
+    CheckFusedNormForward<TypeParam>(this->cpu_.get(), false, rows, cols, true, 0.1f, true);
   }
 }
 

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +18,7 @@
 #include "trainer/cuda/kernels.h"
 #include "trainer/cuda/matmul.h"
 #include "trainer/cuda/op_profile.h"
+#include "trainer/cuda/peer_exchange.h"
 
 namespace leantron::trainer::cuda {
 namespace {
@@ -97,23 +99,47 @@ class BF16GptModel : public StageModel {
   Acts MakeActs();
   Slot& GetSlot(int index);
   HiddenDropout Drop(const Slot& s, int global_layer, int site) const;
-  // Tensor/sequence parallel collectives (bf16, on the compute stream). Gather: this rank's rows
-  // [rows_l, h] (already in place inside `full`) → all rows. Reduce: partial sums over all rows →
-  // this rank's rows summed (into `local`, which may be `full` without SP).
+  // Tensor/sequence parallel collectives (bf16). Every one runs on tp_stream_, ordered after the
+  // compute stream's work so far; the compute stream waits for it at WaitTp (where exposed
+  // communication is timed), so TP collectives never run concurrently with each other.
+  //   GatherRows: this rank's rows [rows_l, h] (already in place inside `full`) → all rows.
+  //   GatherRowsFrom: SP: this rank's rows `local` → all rows in `full`; without SP `full` is
+  //     `local`.
+  //   ReduceRows: partial sums over all rows → this rank's rows summed (into `local`, which may be
+  //     `full` without SP); with wait = false the caller overlaps it with work that does not
+  //     touch either buffer and calls WaitTp before reading the result.
+  //   GatherRun: under SP, all-gathers `full` (this rank's rows in place) around the TP ring and
+  //     runs gemm(first_row, rows) on each block of rows as soon as it is present, so the
+  //     transfer of the next block overlaps the product on this one; otherwise gemm(0, n).
   void GatherRows(bf16* full);
-  // SP: this rank's rows `local` → all rows in `full`; without SP `full` is `local`.
   void GatherRowsFrom(const bf16* local, bf16* full);
-  void ReduceRows(bf16* full, bf16* local);
+  void ReduceRows(bf16* full, bf16* local, bool wait = true);
+  void GatherRun(bf16* full, const char* op, const std::function<void(int64_t, int64_t)>& gemm);
+  // A row-parallel product's output summed over TP: gemm(first_row, rows) writes partial sums of
+  // those rows into branch_. The sum of this rank's rows is then branch_l_ plus the returned
+  // addend (null when branch_l_ holds it alone). Under SP on two ranks the rows the peer keeps
+  // are computed first and sent while this rank's are computed (the addend is the peer's partial
+  // sums of this rank's rows); otherwise a reduce-scatter or all-reduce follows the product.
+  const bf16* RowParallelForward(const char* op, const std::function<void(int64_t, int64_t)>& gemm);
+  // A column-parallel linear's input gradient dln_ = dout·W (dout [rows, n], partial sums over
+  // TP) reduced to this rank's rows (all rows without SP), with weight_grad() computed meanwhile.
+  void ColumnParallelBackward(const char* op, const bf16* dout, const bf16* weight, int64_t n,
+                              const std::function<void()>& weight_grad);
+  void TpAllReduce(float* data, int64_t n, ReduceOp op);
+  void TpFollowMain();  // tp_stream_ waits for the compute stream's work so far
+  void WaitTp();        // the compute stream waits for tp_stream_
   bf16* LocalRows(bf16* full) const { return full + row_offset_ * h_; }
   void LayerForward(Slot& s, int l);
   void LayerBackward(Slot& s, int l);
   // Closes layer l: x[l+1] = mid + dropout(mlp output), then LayerNorm into `out` (all rows).
   void ResidualNorm(Slot& s, int l, bf16* out, float* mean, float* rstd, const float* w,
-                    const float* b);
-  // LayerNorm of this rank's rows of x into `out_full`'s slot for them, then gathered.
+                    const float* b, bool gather);
+  const bf16* mlp_addend_ = nullptr;  // RowParallelForward's addend for the MLP output
+  // LayerNorm of this rank's rows of x into `out_full`'s slot for them, then gathered when
+  // `gather` (the layers' own norms leave it to the GatherRun of the product that reads them).
   void NormGather(bf16* out_full, float* mean, float* rstd, const bf16* residual,
                   const bf16* branch, bf16* x_out, const float* w, const float* b,
-                  const HiddenDropout& d);
+                  const HiddenDropout& d, bool gather, const bf16* branch2 = nullptr);
   void HeadForward(Slot& s);
   // dW += doutᵀ·in and db += Σ_rows dout (db may be null): the bias gradient from cuBLASLt's
   // epilogue when it has one for this shape, else a column-sum kernel.
@@ -129,6 +155,24 @@ class BF16GptModel : public StageModel {
   Matmul mm_;
   OpProfile prof_;
   NcclCommunicator* tp_ = nullptr;  // null without tensor parallelism
+  cudaStream_t tp_stream_ = nullptr;
+  cudaEvent_t tp_main_ready_ = nullptr, tp_done_ = nullptr;
+  std::vector<cudaEvent_t> ring_events_;  // one per ring step
+  bool tp_pending_ = false;
+  // LEANTRON_TP_OVERLAP=0: every TP collective waited for where it is issued (for comparison).
+  bool tp_overlap_ = true;
+  // Under SP on one node: blocks moved by the copy engines (LEANTRON_TP_COPY_ENGINE=0: by NCCL).
+  std::unique_ptr<PeerExchange> exchange_;
+  // SMs planned for the products that run beside a TP transfer (LEANTRON_TP_SM_MARGIN: SMs left
+  // to NCCL; 0: the whole device).
+  int overlap_sms_ = 0;
+  // Plans the products issued while it lives for overlap_sms_.
+  struct OverlapSms {
+    OverlapSms(Matmul& mm, int sms) : mm_(mm), saved_(mm.sm_target()) { mm_.set_sm_target(sms); }
+    ~OverlapSms() { mm_.set_sm_target(saved_); }
+    Matmul& mm_;
+    int saved_;
+  };
   int tp_size_ = 1, tp_rank_ = 0;
   bool sp_ = false, first_stage_ = true, last_stage_ = true;
   int first_layer_ = 0;
@@ -149,7 +193,7 @@ class BF16GptModel : public StageModel {
   std::unique_ptr<Acts> shared_acts_;  // recomputed layers
   bf16* shared_gelu_ = nullptr;        // --recompute-gelu
   int32_t* positions_ = nullptr;       // this rank's rows
-  bf16 *branch_, *branch_l_, *junk_, *lnf_full_, *dlnf_full_, *logits_;
+  bf16 *branch_, *branch_l_, *branch_peer_ = nullptr, *junk_, *lnf_full_, *dlnf_full_, *logits_;
   float *ce_part_, *ce_max_, *ce_sums_;
   double* loss_sum_ = nullptr;       // Σ micro-batch losses this step (last stage), on the device
   double* host_loss_sum_ = nullptr;  // pinned
@@ -181,6 +225,23 @@ BF16GptModel::BF16GptModel(const ckpt::ModelLayout& layout, ParamStore* params,
     tp_ = nullptr;
   }
   sp_ = opt_.model.sequence_parallel && tp_size_ > 1;
+  if (tp_ != nullptr) {
+    int least = 0, greatest = 0;
+    LT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    LT_CUDA_CHECK(cudaStreamCreateWithPriority(&tp_stream_, cudaStreamNonBlocking, greatest));
+    LT_CUDA_CHECK(cudaEventCreateWithFlags(&tp_main_ready_, cudaEventDisableTiming));
+    LT_CUDA_CHECK(cudaEventCreateWithFlags(&tp_done_, cudaEventDisableTiming));
+    ring_events_.resize(tp_size_);
+    for (cudaEvent_t& e : ring_events_)
+      LT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    if (const char* v = std::getenv("LEANTRON_TP_OVERLAP")) tp_overlap_ = v[0] != '0';
+    if (const char* v = std::getenv("LEANTRON_TP_SM_MARGIN"); v != nullptr && std::atoi(v) > 0) {
+      int device = 0, sms = 0;
+      LT_CUDA_CHECK(cudaGetDevice(&device));
+      LT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+      overlap_sms_ = std::max(1, sms - std::atoi(v));
+    }
+  }
   first_stage_ = opt_.pp_rank == 0 && opt_.virtual_chunk == 0;
   last_stage_ = opt_.pp_rank == p.pp - 1 && opt_.virtual_chunk == p.vpp - 1;
   b_ = opt_.model.micro_batch;
@@ -194,6 +255,10 @@ BF16GptModel::BF16GptModel(const ckpt::ModelLayout& layout, ParamStore* params,
   ffn_l_ = c.ffn_hidden_size / tp_size_;
   vocab_l_ = layout.padded_vocab_size() / tp_size_;
   vocab_begin_ = tp_rank_ * vocab_l_;
+  if (const char* ce = std::getenv("LEANTRON_TP_COPY_ENGINE");
+      sp_ && tp_overlap_ && (ce == nullptr || ce[0] != '0')) {
+    exchange_ = PeerExchange::Create(tp_, static_cast<size_t>(rows_l_ * h_) * sizeof(bf16));
+  }
   eps_ = static_cast<float>(c.norm_epsilon);
   tanh_gelu_ = c.activation == ckpt::Activation::kGeluTanh;
   chunk_rows_ = opt_.logits_chunk_rows > 0
@@ -246,7 +311,12 @@ BF16GptModel::BF16GptModel(const ckpt::ModelLayout& layout, ParamStore* params,
   LT_CUDA_CHECK(cudaMemcpyAsync(positions_, positions.data(), rows_l_ * sizeof(int32_t),
                                 cudaMemcpyHostToDevice, MainStream()));
   branch_ = Alloc<bf16>(n_ * h_);
-  branch_l_ = sp_ ? Alloc<bf16>(rows_l_ * h_) : branch_;
+  if (sp_ && tp_size_ == 2) {  // partial sums exchanged with the peer (RowParallelForward)
+    branch_l_ = LocalRows(branch_);
+    branch_peer_ = Alloc<bf16>(rows_l_ * h_);
+  } else {
+    branch_l_ = sp_ ? Alloc<bf16>(rows_l_ * h_) : branch_;
+  }
   junk_ = Alloc<bf16>(rows_l_ * h_);
   if (last_stage_) {
     lnf_full_ = sp_ ? Alloc<bf16>(n_ * h_) : nullptr;
@@ -261,8 +331,9 @@ BF16GptModel::BF16GptModel(const ckpt::ModelLayout& layout, ParamStore* params,
     LT_CUDA_CHECK(cudaMallocHost(&host_loss_sum_, sizeof(double)));
   }
   dx_ = Alloc<bf16>(rows_l_ * h_);
-  dbranch_ = Alloc<bf16>(rows_l_ * h_);
-  dbranch_full_ = sp_ ? Alloc<bf16>(n_ * h_) : dbranch_;
+  // Under SP this rank's rows of the branch gradient sit in place inside the gathered buffer.
+  dbranch_full_ = Alloc<bf16>(sp_ ? n_ * h_ : rows_l_ * h_);
+  dbranch_ = LocalRows(dbranch_full_);
   dln_ = Alloc<bf16>(n_ * h_);
   dqkv_ = Alloc<bf16>(n_ * 3 * heads_l_ * head_dim_);
   datt_ = Alloc<bf16>(n_ * heads_l_ * head_dim_);
@@ -310,6 +381,12 @@ BF16GptModel::~BF16GptModel() {
     cudaEventDestroy(s->ids_copied);
   }
   cudaFreeHost(host_loss_sum_);
+  for (cudaEvent_t e : ring_events_) cudaEventDestroy(e);
+  if (tp_stream_ != nullptr) {
+    cudaEventDestroy(tp_main_ready_);
+    cudaEventDestroy(tp_done_);
+    cudaStreamDestroy(tp_stream_);
+  }
 }
 
 BF16GptModel::Acts BF16GptModel::MakeActs() {
@@ -374,43 +451,155 @@ HiddenDropout BF16GptModel::Drop(const Slot& s, int global_layer, int site) cons
   return d;
 }
 
-void BF16GptModel::GatherRows(bf16* full) {
-  if (!sp_) return;
-  prof_.Begin("tensor-parallel communication");
-  tp_->AllGather(LocalRows(full), full, rows_l_ * h_, CommType::kBF16, MainStream());
+void BF16GptModel::TpFollowMain() {
+  WaitTp();  // one TP collective at a time
+  LT_CUDA_CHECK(cudaEventRecord(tp_main_ready_, MainStream()));
+  LT_CUDA_CHECK(cudaStreamWaitEvent(tp_stream_, tp_main_ready_, 0));
+  tp_pending_ = true;
 }
+
+void BF16GptModel::WaitTp() {
+  if (!tp_pending_) return;
+  tp_pending_ = false;
+  prof_.Begin("tensor-parallel communication");
+  LT_CUDA_CHECK(cudaEventRecord(tp_done_, tp_stream_));
+  LT_CUDA_CHECK(cudaStreamWaitEvent(MainStream(), tp_done_, 0));
+}
+
+void BF16GptModel::GatherRows(bf16* full) { GatherRowsFrom(LocalRows(full), full); }
 
 void BF16GptModel::GatherRowsFrom(const bf16* local, bf16* full) {
   if (!sp_) return;
-  prof_.Begin("tensor-parallel communication");
-  tp_->AllGather(local, full, rows_l_ * h_, CommType::kBF16, MainStream());
+  TpFollowMain();
+  tp_->AllGather(local, full, rows_l_ * h_, CommType::kBF16, tp_stream_);
+  WaitTp();
 }
 
-void BF16GptModel::ReduceRows(bf16* full, bf16* local) {
+void BF16GptModel::ReduceRows(bf16* full, bf16* local, bool wait) {
   if (tp_ == nullptr) {
     if (local != full)
       LT_CUDA_CHECK(cudaMemcpyAsync(local, full, rows_l_ * h_ * sizeof(bf16),
                                     cudaMemcpyDeviceToDevice, MainStream()));
     return;
   }
-  prof_.Begin("tensor-parallel communication");
+  TpFollowMain();
   if (sp_) {
-    tp_->ReduceScatter(full, local, rows_l_ * h_, CommType::kBF16, MainStream());
+    tp_->ReduceScatter(full, local, rows_l_ * h_, CommType::kBF16, tp_stream_);
   } else {
-    tp_->AllReduce(full, n_ * h_, CommType::kBF16, MainStream());
+    tp_->AllReduce(full, n_ * h_, CommType::kBF16, tp_stream_);
     if (local != full)
       LT_CUDA_CHECK(cudaMemcpyAsync(local, full, n_ * h_ * sizeof(bf16), cudaMemcpyDeviceToDevice,
-                                    MainStream()));
+                                    tp_stream_));
   }
+  if (wait || !tp_overlap_) WaitTp();
+}
+
+const bf16* BF16GptModel::RowParallelForward(const char* op,
+                                             const std::function<void(int64_t, int64_t)>& gemm) {
+  prof_.Begin(op);
+  if (branch_peer_ == nullptr || !tp_overlap_) {
+    gemm(0, n_);
+    ReduceRows(branch_, branch_l_);
+    return nullptr;
+  }
+  const int peer = 1 - tp_rank_;
+  const size_t count = static_cast<size_t>(rows_l_ * h_);
+  gemm(peer * rows_l_, rows_l_);
+  bf16* send = branch_ + peer * count;
+  if (exchange_ != nullptr) {
+    exchange_->Send(send, count * sizeof(bf16), MainStream());
+    prof_.Begin(op);
+    gemm(tp_rank_ * rows_l_, rows_l_);
+    prof_.Begin("tensor-parallel communication");
+    exchange_->Receive(branch_peer_, count * sizeof(bf16), MainStream());
+    exchange_->WaitSent(MainStream());  // branch_ is written again by the next product
+    return branch_peer_;
+  }
+  TpFollowMain();
+  tp_->Enqueue("partial-sum exchange", tp_stream_, [&](ncclComm_t comm) {
+    ncclResult_t r = ncclGroupStart();
+    if (r == ncclSuccess) r = ncclSend(send, count, ncclBfloat16, peer, comm, tp_stream_);
+    if (r == ncclSuccess) r = ncclRecv(branch_peer_, count, ncclBfloat16, peer, comm, tp_stream_);
+    const ncclResult_t end = ncclGroupEnd();
+    return r != ncclSuccess ? r : end;
+  });
+  prof_.Begin(op);
+  {
+    OverlapSms sms(mm_, overlap_sms_);
+    gemm(tp_rank_ * rows_l_, rows_l_);
+  }
+  WaitTp();
+  return branch_peer_;
+}
+
+void BF16GptModel::TpAllReduce(float* data, int64_t n, ReduceOp op) {
+  TpFollowMain();
+  tp_->AllReduce(data, n, CommType::kF32, tp_stream_, op);
+  WaitTp();
+}
+
+// Ring all-gather: at step i this rank holds block (rank − i) mod N, multiplies it, and meanwhile
+// sends it to rank + 1 and receives block (rank − i − 1) mod N from rank − 1.
+void BF16GptModel::GatherRun(bf16* full, const char* op,
+                             const std::function<void(int64_t, int64_t)>& gemm) {
+  if (!sp_ || !tp_overlap_) {
+    GatherRows(full);
+    prof_.Begin(op);
+    gemm(0, n_);
+    return;
+  }
+  const int size = tp_size_, rank = tp_rank_;
+  const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+  const size_t count = static_cast<size_t>(rows_l_ * h_);
+  if (exchange_ != nullptr) {  // the copy engines carry each block while the SMs multiply
+    WaitTp();
+    for (int i = 0; i < size; ++i) {
+      const int have = (rank - i + size) % size;
+      if (i + 1 < size) exchange_->Send(full + have * count, count * sizeof(bf16), MainStream());
+      prof_.Begin(op);
+      gemm(have * rows_l_, rows_l_);
+      if (i + 1 < size) {
+        prof_.Begin("tensor-parallel communication");
+        exchange_->Receive(full + ((rank - i - 1 + size) % size) * count, count * sizeof(bf16),
+                           MainStream());
+      }
+    }
+    exchange_->WaitSent(MainStream());
+    return;
+  }
+  TpFollowMain();
+  for (int i = 0; i < size; ++i) {
+    const int have = (rank - i + size) % size;
+    if (i + 1 < size) {
+      bf16* send = full + have * count;
+      bf16* recv = full + ((rank - i - 1 + size) % size) * count;
+      tp_->Enqueue("ring all-gather", tp_stream_, [&](ncclComm_t comm) {
+        ncclResult_t r = ncclGroupStart();
+        if (r == ncclSuccess) r = ncclSend(send, count, ncclBfloat16, next, comm, tp_stream_);
+        if (r == ncclSuccess) r = ncclRecv(recv, count, ncclBfloat16, prev, comm, tp_stream_);
+        const ncclResult_t end = ncclGroupEnd();
+        return r != ncclSuccess ? r : end;
+      });
+      LT_CUDA_CHECK(cudaEventRecord(ring_events_[i], tp_stream_));
+    }
+    if (i > 0) {
+      prof_.Begin("tensor-parallel communication");
+      LT_CUDA_CHECK(cudaStreamWaitEvent(MainStream(), ring_events_[i - 1], 0));
+    }
+    prof_.Begin(op);
+    OverlapSms sms(mm_, i + 1 < size ? overlap_sms_ : 0);
+    gemm(have * rows_l_, rows_l_);
+  }
+  tp_pending_ = false;  // the last block's wait covered the whole ring
 }
 
 void BF16GptModel::NormGather(bf16* out_full, float* mean, float* rstd, const bf16* residual,
                               const bf16* branch, bf16* x_out, const float* w, const float* b,
-                              const HiddenDropout& d) {
+                              const HiddenDropout& d, bool gather, const bf16* branch2) {
   prof_.Begin("residual+layernorm fwd");
   AddLayerNormForward<bf16>(x_out, LocalRows(out_full), mean, rstd, residual, branch, w, b, rows_l_,
-                            h_, eps_, d, MainStream());
-  GatherRows(out_full);
+                            h_, eps_, d, MainStream(), branch2);
+  if (gather) GatherRows(out_full);
   prof_.End();
 }
 
@@ -445,33 +634,40 @@ void BF16GptModel::LayerForward(Slot& s, int l) {
   const Weights& w = layers_[l];
   Acts& a = s.acts[l];
   const int64_t qkv_w = 3 * heads_l_ * head_dim_, att_w = heads_l_ * head_dim_;
-  prof_.Begin("matmul fwd qkv");
-  mm_.Forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, n_, h_, qkv_w);
+  GatherRun(a.ln1, "matmul fwd qkv", [&](int64_t r0, int64_t rows) {
+    mm_.Forward(a.qkv + r0 * qkv_w, a.ln1 + r0 * h_, w.qkv_w, w.qkv_b, rows, h_, qkv_w);
+  });
   prof_.Begin("attention fwd");
   attention_->Forward(a.att, a.stats, a.qkv, attn_workspace_);
-  prof_.Begin("matmul fwd proj");
-  mm_.Forward(branch_, a.att, w.proj_w, RowParallelBias(w.proj_b), n_, att_w, h_);
-  ReduceRows(branch_, branch_l_);
+  const bf16* attn_addend = RowParallelForward("matmul fwd proj", [&](int64_t r0, int64_t rows) {
+    mm_.Forward(branch_ + r0 * h_, a.att + r0 * att_w, w.proj_w, RowParallelBias(w.proj_b), rows,
+                att_w, h_);
+  });
   NormGather(a.ln2, a.ln2_mean, a.ln2_rstd, s.x[l], branch_l_, a.mid, w.ln2_w, w.ln2_b,
-             Drop(s, w.global, 1));
-  prof_.Begin("matmul fwd fc1");
-  if (tanh_gelu_) {  // GELU in the matmul's epilogue
-    mm_.ForwardGelu(a.gelu, a.pre, a.ln2, w.fc1_w, w.fc1_b, n_, h_, ffn_l_);
-  } else {
-    mm_.Forward(a.pre, a.ln2, w.fc1_w, w.fc1_b, n_, h_, ffn_l_);
+             Drop(s, w.global, 1), /*gather=*/false, attn_addend);
+  GatherRun(a.ln2, "matmul fwd fc1", [&](int64_t r0, int64_t rows) {
+    if (tanh_gelu_) {  // GELU in the matmul's epilogue
+      mm_.ForwardGelu(a.gelu + r0 * ffn_l_, a.pre + r0 * ffn_l_, a.ln2 + r0 * h_, w.fc1_w, w.fc1_b,
+                      rows, h_, ffn_l_);
+    } else {
+      mm_.Forward(a.pre + r0 * ffn_l_, a.ln2 + r0 * h_, w.fc1_w, w.fc1_b, rows, h_, ffn_l_);
+    }
+  });
+  if (!tanh_gelu_) {
     prof_.Begin("gelu");
     GeluForward<bf16>(a.gelu, a.pre, n_ * ffn_l_, false, MainStream());
   }
-  prof_.Begin("matmul fwd fc2");
-  mm_.Forward(branch_, a.gelu, w.fc2_w, RowParallelBias(w.fc2_b), n_, ffn_l_, h_);
-  ReduceRows(branch_, branch_l_);
+  mlp_addend_ = RowParallelForward("matmul fwd fc2", [&](int64_t r0, int64_t rows) {
+    mm_.Forward(branch_ + r0 * h_, a.gelu + r0 * ffn_l_, w.fc2_w, RowParallelBias(w.fc2_b), rows,
+                ffn_l_, h_);
+  });
   prof_.End();
 }
 
 void BF16GptModel::ResidualNorm(Slot& s, int l, bf16* out, float* mean, float* rstd, const float* w,
-                                const float* b) {
+                                const float* b, bool gather) {
   NormGather(out, mean, rstd, s.acts[l].mid, branch_l_, s.x[l + 1], w, b,
-             Drop(s, layers_[l].global, 2));
+             Drop(s, layers_[l].global, 2), gather, mlp_addend_);
 }
 
 float BF16GptModel::Forward(int slot, const MicroBatch& mb, const float* input) {
@@ -506,28 +702,29 @@ float BF16GptModel::Forward(int slot, const MicroBatch& mb, const float* input) 
   if (num_layers > 0) {
     const Weights& w = layers_[0];
     NormGather(s.acts[0].ln1, s.acts[0].ln1_mean, s.acts[0].ln1_rstd, nullptr, s.x[0], nullptr,
-               w.ln1_w, w.ln1_b, Drop(s, -1, 0));
+               w.ln1_w, w.ln1_b, Drop(s, -1, 0), /*gather=*/false);
   }
   for (int l = 0; l < num_layers; ++l) {
     LayerForward(s, l);
     if (l + 1 < num_layers) {
       const Weights& next = layers_[l + 1];
       ResidualNorm(s, l, s.acts[l + 1].ln1, s.acts[l + 1].ln1_mean, s.acts[l + 1].ln1_rstd,
-                   next.ln1_w, next.ln1_b);
+                   next.ln1_w, next.ln1_b, /*gather=*/false);
     } else if (last_stage_) {
-      ResidualNorm(s, l, sp_ ? lnf_full_ : s.lnf, s.lnf_mean, s.lnf_rstd, lnf_w_, lnf_b_);
+      ResidualNorm(s, l, sp_ ? lnf_full_ : s.lnf, s.lnf_mean, s.lnf_rstd, lnf_w_, lnf_b_,
+                   /*gather=*/true);
     } else {  // the stage's output x[L]; the LayerNorm output is not needed
       prof_.Begin("residual+layernorm fwd");
       AddLayerNormForward<bf16>(s.x[l + 1], junk_, nullptr, nullptr, s.acts[l].mid, branch_l_,
                                 layers_[l].ln1_w, layers_[l].ln1_b, rows_l_, h_, eps_,
-                                Drop(s, layers_[l].global, 2), MainStream());
+                                Drop(s, layers_[l].global, 2), MainStream(), mlp_addend_);
       prof_.End();
     }
   }
   if (!last_stage_) return 0.0f;
   if (num_layers == 0) {
     NormGather(sp_ ? lnf_full_ : s.lnf, s.lnf_mean, s.lnf_rstd, nullptr, s.x[0], nullptr, lnf_w_,
-               lnf_b_, Drop(s, -1, 0));
+               lnf_b_, Drop(s, -1, 0), /*gather=*/true);
   }
   HeadForward(s);
   return 0.0f;
@@ -551,9 +748,11 @@ void BF16GptModel::HeadForward(Slot& s) {
       CrossEntropyShardPartials<bf16>(ce_part_, logits_, s.labels + r0, rows, vocab_l_,
                                       vocab_begin_, MainStream());
       CrossEntropyShardMax(ce_max_, ce_part_, rows, MainStream());
-      tp_->AllReduce(ce_max_, rows, CommType::kF32, MainStream(), ReduceOp::kMax);
+      TpAllReduce(ce_max_, rows, ReduceOp::kMax);
+      prof_.Begin("cross-entropy");
       CrossEntropyShardRescale(ce_sums_, ce_part_, ce_max_, rows, MainStream());
-      tp_->AllReduce(ce_sums_, 2 * rows, CommType::kF32, MainStream());
+      TpAllReduce(ce_sums_, 2 * rows, ReduceOp::kSum);
+      prof_.Begin("cross-entropy");
       CrossEntropyShardFinish<bf16>(s.losses + r0, logits_, s.labels + r0, ce_max_, ce_sums_, rows,
                                     vocab_l_, vocab_begin_, s.grad_scale, MainStream());
     }
@@ -579,6 +778,36 @@ void BF16GptModel::WeightGrad(float* dw, float* db, const bf16* dout, const bf16
   if (db != nullptr) ColumnSumAccumulate<bf16>(db, dout, n_, n, scratch(), MainStream());
 }
 
+// Under SP on two ranks of one node: the rows the peer keeps first, sent while the weight
+// gradient is computed, then this rank's rows accumulated onto the peer's partial sums of them.
+// Otherwise the whole product, then its TP reduction beside the weight gradient.
+void BF16GptModel::ColumnParallelBackward(const char* op, const bf16* dout, const bf16* weight,
+                                          int64_t n, const std::function<void()>& weight_grad) {
+  prof_.Begin(op);
+  if (exchange_ != nullptr && tp_size_ == 2) {
+    const int peer = 1 - tp_rank_;
+    const size_t count = static_cast<size_t>(rows_l_ * h_);
+    mm_.BackwardData(dln_ + peer * count, dout + peer * rows_l_ * n, weight, rows_l_, h_, n);
+    exchange_->Send(dln_ + peer * count, count * sizeof(bf16), MainStream());
+    weight_grad();
+    prof_.Begin("tensor-parallel communication");
+    exchange_->Receive(LocalRows(dln_), count * sizeof(bf16), MainStream());
+    prof_.Begin(op);
+    mm_.BackwardData(LocalRows(dln_), dout + tp_rank_ * rows_l_ * n, weight, rows_l_, h_, n,
+                     /*accumulate=*/true);
+    exchange_->WaitSent(MainStream());
+    return;
+  }
+  mm_.BackwardData(dln_, dout, weight, n_, h_, n);
+  ReduceRows(dln_, LocalRows(dln_), /*wait=*/false);
+  prof_.Begin(op);
+  {
+    OverlapSms sms(mm_, tp_pending_ ? overlap_sms_ : 0);
+    weight_grad();
+  }
+  WaitTp();
+}
+
 void BF16GptModel::LayerBackward(Slot& s, int l) {
   const Weights& w = layers_[l];
   Acts& a = s.acts[l];
@@ -586,52 +815,60 @@ void BF16GptModel::LayerBackward(Slot& s, int l) {
   if (w.recompute) {
     prof_.Begin("recompute");
     NormGather(a.ln1, a.ln1_mean, a.ln1_rstd, nullptr, s.x[l], nullptr, w.ln1_w, w.ln1_b,
-               Drop(s, w.global - 1, 2));
+               Drop(s, w.global - 1, 2), /*gather=*/false);
     LayerForward(s, l);  // ends with the MLP output in branch_, which the backward does not need
   } else if (opt_.recompute_gelu) {
     prof_.Begin("gelu");
     GeluForward<bf16>(a.gelu, a.pre, n_ * ffn_l_, tanh_gelu_, MainStream());
   }
   // On entry dx_ = d(x[l+1]) and dbranch_ = d(MLP output) for this rank's rows, dropout applied.
-  // A row-parallel bias's gradient under SP comes from this rank's rows (summed over TP by the
-  // optimizer); otherwise from all rows.
-  auto row_parallel_grads = [&](float* dw, float* db, const bf16* in, int64_t k) {
-    if (sp_) {
-      if (db != nullptr)
-        ColumnSumAccumulate<bf16>(db, dbranch_, rows_l_, h_, scratch(), MainStream());
-      mm_.BackwardWeight(dw, dbranch_full_, in, n_, k, h_);
-    } else {
+  // A row-parallel linear's gradients: under SP the bias's from this rank's rows (summed over TP
+  // by the optimizer), the weight's and the input's block by block as the ring gathers the
+  // output gradient's rows (`dgrad(first_row, rows)`); otherwise from all rows.
+  auto row_parallel_backward = [&](const char* op, float* dw, float* db, const bf16* in, int64_t k,
+                                   const std::function<void(int64_t, int64_t)>& dgrad) {
+    prof_.Begin(op);
+    if (!sp_) {
       WeightGrad(dw, db, dbranch_full_, in, k, h_);
+      dgrad(0, n_);
+      return;
     }
+    if (db != nullptr)
+      ColumnSumAccumulate<bf16>(db, dbranch_, rows_l_, h_, scratch(), MainStream());
+    GatherRun(dbranch_full_, op, [&](int64_t r0, int64_t rows) {
+      mm_.BackwardWeight(dw, dbranch_full_ + r0 * h_, in + r0 * k, rows, k, h_);
+      dgrad(r0, rows);
+    });
   };
-  GatherRowsFrom(dbranch_, dbranch_full_);
-  prof_.Begin("matmul bwd fc2");
-  row_parallel_grads(w.d_fc2_w, w.d_fc2_b, a.gelu, ffn_l_);
-  if (tanh_gelu_) {  // GELU's derivative in the matmul's epilogue
-    mm_.BackwardDataGelu(dfc_, dbranch_full_, w.fc2_w, a.pre, n_, ffn_l_, h_);
-  } else {
-    mm_.BackwardData(dfc_, dbranch_full_, w.fc2_w, n_, ffn_l_, h_);
+  row_parallel_backward(
+      "matmul bwd fc2", w.d_fc2_w, w.d_fc2_b, a.gelu, ffn_l_, [&](int64_t r0, int64_t rows) {
+        if (tanh_gelu_) {  // GELU's derivative in the matmul's epilogue
+          mm_.BackwardDataGelu(dfc_ + r0 * ffn_l_, dbranch_full_ + r0 * h_, w.fc2_w,
+                               a.pre + r0 * ffn_l_, rows, ffn_l_, h_);
+        } else {
+          mm_.BackwardData(dfc_ + r0 * ffn_l_, dbranch_full_ + r0 * h_, w.fc2_w, rows, ffn_l_, h_);
+        }
+      });
+  if (!tanh_gelu_) {
     prof_.Begin("gelu");
     GeluBackward<bf16>(dfc_, dfc_, a.pre, n_ * ffn_l_, false, MainStream());
   }
-  prof_.Begin("matmul bwd fc1");
-  mm_.BackwardData(dln_, dfc_, w.fc1_w, n_, h_, ffn_l_);
-  WeightGrad(w.d_fc1_w, w.d_fc1_b, dfc_, a.ln2, h_, ffn_l_);
-  ReduceRows(dln_, LocalRows(dln_));
+  // A column-parallel linear: the input gradient's TP reduction runs while the weight gradient
+  // is computed.
+  ColumnParallelBackward("matmul bwd fc1", dfc_, w.fc1_w, ffn_l_,
+                         [&] { WeightGrad(w.d_fc1_w, w.d_fc1_b, dfc_, a.ln2, h_, ffn_l_); });
   prof_.Begin("layernorm bwd");
   LayerNormBackward<bf16>(dx_, dbranch_, w.d_ln2_w, w.d_ln2_b, LocalRows(dln_), dx_, a.mid, w.ln2_w,
                           a.ln2_mean, a.ln2_rstd, rows_l_, h_, Drop(s, w.global, 1), scratch(),
                           MainStream());
-  GatherRowsFrom(dbranch_, dbranch_full_);
-  prof_.Begin("matmul bwd proj");
-  mm_.BackwardData(datt_, dbranch_full_, w.proj_w, n_, att_w, h_);
-  row_parallel_grads(w.d_proj_w, w.d_proj_b, a.att, att_w);
+  row_parallel_backward(
+      "matmul bwd proj", w.d_proj_w, w.d_proj_b, a.att, att_w, [&](int64_t r0, int64_t rows) {
+        mm_.BackwardData(datt_ + r0 * att_w, dbranch_full_ + r0 * h_, w.proj_w, rows, att_w, h_);
+      });
   prof_.Begin("attention bwd");
   attention_->Backward(dqkv_, datt_, a.qkv, a.att, a.stats, attn_workspace_);
-  prof_.Begin("matmul bwd qkv");
-  mm_.BackwardData(dln_, dqkv_, w.qkv_w, n_, h_, qkv_w);
-  WeightGrad(w.d_qkv_w, w.d_qkv_b, dqkv_, a.ln1, h_, qkv_w);
-  ReduceRows(dln_, LocalRows(dln_));
+  ColumnParallelBackward("matmul bwd qkv", dqkv_, w.qkv_w, qkv_w,
+                         [&] { WeightGrad(w.d_qkv_w, w.d_qkv_b, dqkv_, a.ln1, h_, qkv_w); });
   // d(x[l]) = residual + LayerNorm's share; the part into the previous layer's MLP output (or
   // the embedding) goes through that site's dropout mask.
   prof_.Begin("layernorm bwd");

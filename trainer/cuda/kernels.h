@@ -23,10 +23,13 @@ void Fill(T* p, size_t n, float value, cudaStream_t s);
 // x = residual + Dropout(branch) written to x_out, when residual != nullptr; else x = branch (no
 // dropout, x_out unused, may be null). Then out = LayerNorm(x)·w + b (b may be null), keeping mean
 // and rstd per row (either may be null). In bf16 the LayerNorm reads x as stored in x_out.
+// With branch2 (only with a residual) the branch is branch + branch2 rounded to T: two partial
+// sums of a tensor-parallel product, added as a reduce-scatter would.
 template <typename T>
 void AddLayerNormForward(T* x_out, T* out, float* mean, float* rstd, const T* residual,
                          const T* branch, const float* w, const float* b, int64_t rows,
-                         int64_t cols, float eps, const HiddenDropout& drop, cudaStream_t s);
+                         int64_t cols, float eps, const HiddenDropout& drop, cudaStream_t s,
+                         const T* branch2 = nullptr);
 // dx = dresidual + (∂LayerNorm/∂x)ᵀ·dout (dresidual may be null = zeros; dx may alias dresidual;
 // x is the LayerNorm input); dw += Σ_rows, db += Σ_rows (db may be null); if dbranch != nullptr,
 // dbranch = dx with the dropout mask of `drop` applied (kept ·1/(1−p), dropped 0).

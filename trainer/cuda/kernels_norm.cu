@@ -67,6 +67,7 @@ struct NormFwdArgs {
   int64_t rows, cols;
   float eps;
   HiddenDropout drop;
+  const T* branch2 = nullptr;  // added to branch (rounded to T) before the dropout
 };
 
 template <typename T>
@@ -84,14 +85,20 @@ struct NormBwdArgs {
   HiddenDropout drop;
 };
 
-// Elements [c, c + W) of the norm's input: branch, or residual + Dropout(branch) rounded to T
-// and stored to x_out.
+// Elements [c, c + W) of the norm's input: branch, or residual + Dropout(branch [+ branch2])
+// rounded to T and stored to x_out.
 template <typename T, int W>
 __device__ __forceinline__ void NormInput(float (&x)[W], const NormFwdArgs<T>& a, int64_t off,
                                           int64_t c, bool drop, const RowDropout& rd,
                                           float keep_scale) {
   Load<W>(x, a.branch + off + c);
   if (a.residual == nullptr) return;
+  if (a.branch2 != nullptr) {
+    float other[W];
+    Load<W>(other, a.branch2 + off + c);
+#pragma unroll
+    for (int j = 0; j < W; ++j) x[j] = RoundTo<T>(x[j] + other[j]);
+  }
   float res[W];
   Load<W>(res, a.residual + off + c);
 #pragma unroll
@@ -357,7 +364,8 @@ void LaunchNormForward(const NormFwdArgs<T>& a, cudaStream_t s) {
   if (a.rows == 0 || a.cols == 0) return;
   constexpr int W = kVec<T>;
   const bool vec = a.cols % W == 0 && Aligned16(a.x_out) && Aligned16(a.out) &&
-                   Aligned16(a.residual) && Aligned16(a.branch) && Aligned16(a.w) && Aligned16(a.b);
+                   Aligned16(a.residual) && Aligned16(a.branch) && Aligned16(a.branch2) &&
+                   Aligned16(a.w) && Aligned16(a.b);
   const unsigned grid = static_cast<unsigned>(a.rows);
   const bool done =
       vec && DispatchIters<8>(a.cols / W, [&](auto iters, int threads) {
@@ -462,9 +470,12 @@ int64_t ColumnGroups(int64_t rows) { return std::min<int64_t>(CeilDiv(rows, int6
 template <typename T>
 void AddLayerNormForward(T* x_out, T* out, float* mean, float* rstd, const T* residual,
                          const T* branch, const float* w, const float* b, int64_t rows,
-                         int64_t cols, float eps, const HiddenDropout& drop, cudaStream_t s) {
+                         int64_t cols, float eps, const HiddenDropout& drop, cudaStream_t s,
+                         const T* branch2) {
+  if (residual == nullptr && branch2 != nullptr)
+    Die("AddLayerNormForward", "a second branch needs a residual", __FILE__, __LINE__);
   LaunchNormForward<T, false>(
-      {x_out, out, mean, rstd, residual, branch, w, b, rows, cols, eps, drop}, s);
+      {x_out, out, mean, rstd, residual, branch, w, b, rows, cols, eps, drop, branch2}, s);
 }
 
 template <typename T>
@@ -530,7 +541,7 @@ size_t ColumnSumScratchBytes(int64_t rows, int64_t cols) {
 #define LT_NORM_INSTANTIATE(T)                                                                    \
   template void AddLayerNormForward<T>(T*, T*, float*, float*, const T*, const T*, const float*,  \
                                        const float*, int64_t, int64_t, float,                     \
-                                       const HiddenDropout&, cudaStream_t);                       \
+                                       const HiddenDropout&, cudaStream_t, const T*);             \
   template void LayerNormBackward<T>(T*, T*, float*, float*, const T*, const T*, const T*,        \
                                      const float*, const float*, const float*, int64_t, int64_t,  \
                                      const HiddenDropout&, Scratch, cudaStream_t);                \

@@ -47,7 +47,7 @@ Matmul::Plan* Matmul::GetPlan(const Key& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second.get();  // may be null: known to be unsupported
   const auto [ta, tb, m, n, k, lda, ldb, ldd, d_type_int, epilogue_int, align_a, align_b, align_d,
-              accumulate, ld_aux] = key;
+              accumulate, ld_aux, sm_target] = key;
   const auto epilogue = static_cast<Epilogue>(epilogue_int);
   const bool has_bias = epilogue == Epilogue::kBias || epilogue == Epilogue::kGeluAuxBias;
   const auto d_type = static_cast<cudaDataType_t>(d_type_int);
@@ -85,6 +85,11 @@ Matmul::Plan* Matmul::GetPlan(const Key& key) {
     const cudaDataType_t aux_type = CUDA_R_16BF;
     LT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
         plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type, sizeof(aux_type)));
+  }
+  if (sm_target > 0) {
+    const int32_t sms = sm_target;
+    LT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
+                                                   &sms, sizeof(sms)));
   }
   plan->has_bias = has_bias;
   LT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16BF, ta ? k : m, ta ? m : k, lda));
@@ -151,7 +156,8 @@ bool Matmul::Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
                 Alignment(b),
                 Alignment(d),
                 beta != 0.0f,
-                ld_aux};
+                ld_aux,
+                sm_target_};
   Plan* plan = GetPlan(key);
   if (plan == nullptr) return false;
   if (epilogue == Epilogue::kBGradB) {  // `aux` is the bias-gradient output here

@@ -353,6 +353,14 @@ absl::StatusOr<ncclComm_t> NcclRuntime::InitComm(const std::string& key, const n
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = blocking_ ? 1 : 0;
   config.commName = comm_names_.emplace_back(key).c_str();
+  // LEANTRON_NCCL_CTA_POLICY=efficiency|zero: NCCL uses fewer (or, where it can, no) thread
+  // blocks for its collectives, leaving the SMs to the computation it overlaps with.
+  if (const char* policy = std::getenv("LEANTRON_NCCL_CTA_POLICY")) {
+    const std::string p = policy;
+    if (p == "efficiency") config.CTAPolicy = NCCL_CTA_POLICY_EFFICIENCY;
+    if (p == "zero") config.CTAPolicy = NCCL_CTA_POLICY_ZERO;
+    if (p == "default") config.CTAPolicy = NCCL_CTA_POLICY_DEFAULT;
+  }
   std::lock_guard<std::mutex> lock(nccl_mu_);
   ncclComm_t comm = nullptr;
   ncclResult_t r = ncclCommInitRankConfig(&comm, nranks, id, rank, &config);
