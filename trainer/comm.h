@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -23,6 +24,10 @@ class Communicator {
   virtual void AllReduceSum(float* data, size_t n) = 0;
   virtual void AllReduceMax(float* data, size_t n) = 0;
   virtual void AllReduceSumDouble(double* data, size_t n) = 0;
+  // AllReduceSum of several arrays in one call, which a backend may launch as one operation.
+  virtual void AllReduceSumMany(const std::vector<std::pair<float*, size_t>>& arrays) {
+    for (const auto& [data, n] : arrays) AllReduceSum(data, n);
+  }
   // out[size·n] = every rank's in[n], in rank order.
   virtual void AllGather(const float* in, float* out, size_t n) = 0;
   // out[n] = rank's block of Σ in[size·n].

@@ -54,8 +54,10 @@ void Optimizer::FinalizeGrads() {
   float* grad = params_->grad();
   // Sequence parallelism: replicated parameters saw only this rank's rows.
   if (groups_->tp->size() > 1) {
+    std::vector<std::pair<float*, size_t>> partial;
     for (const ParamView& v : params_->views())
-      if (v.tp_partial_grad) groups_->tp->AllReduceSum(grad + v.offset, v.numel);
+      if (v.tp_partial_grad) partial.push_back({grad + v.offset, v.numel});
+    groups_->tp->AllReduceSumMany(partial);
   }
   // Tied embeddings across the first and last stage: both copies get the sum.
   if (groups_->embedding && !params_->layout().config().untie_embeddings_and_output_weights) {

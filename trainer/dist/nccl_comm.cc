@@ -927,6 +927,31 @@ void NcclCommunicator::AllReduceSumDouble(double* data, size_t n) {
   AnyAllReduce(data, n, CommType::kF64, ReduceOp::kSum);
 }
 
+void NcclCommunicator::AllReduceSumMany(const std::vector<std::pair<float*, size_t>>& arrays) {
+  if (size() == 1) return;
+  for (const auto& [data, n] : arrays) {
+    if (n > 0 && !OnDevice(data)) {
+      Communicator::AllReduceSumMany(arrays);  // host memory: one staged call each
+      return;
+    }
+  }
+  const cudaStream_t s = cuda::MainStream();
+  constexpr size_t kPerGroup = 256;
+  for (size_t first = 0; first < arrays.size(); first += kPerGroup) {
+    const size_t last = std::min(arrays.size(), first + kPerGroup);
+    Enqueue("AllReduceSumMany", s, [&](ncclComm_t comm) {
+      ncclResult_t r = ncclGroupStart();
+      for (size_t i = first; i < last && r == ncclSuccess; ++i) {
+        if (arrays[i].second == 0) continue;
+        r = ncclAllReduce(arrays[i].first, arrays[i].first, arrays[i].second, ncclFloat32, ncclSum,
+                          comm, s);
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return r != ncclSuccess ? r : end;
+    });
+  }
+}
+
 void NcclCommunicator::AllGather(const float* in, float* out, size_t n) {
   if (n == 0) return;
   const cudaStream_t s = cuda::MainStream();

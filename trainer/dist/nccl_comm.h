@@ -80,6 +80,8 @@ class NcclCommunicator final : public Communicator {
   void AllReduceSum(float* data, size_t n) override;
   void AllReduceMax(float* data, size_t n) override;
   void AllReduceSumDouble(double* data, size_t n) override;
+  // Device arrays: one NCCL group (a single launch) per 256 arrays.
+  void AllReduceSumMany(const std::vector<std::pair<float*, size_t>>& arrays) override;
   void AllGather(const float* in, float* out, size_t n) override;
   void ReduceScatter(const float* in, float* out, size_t n) override;
   void Broadcast(float* data, size_t n, int root) override;
