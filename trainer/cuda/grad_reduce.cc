@@ -1,6 +1,9 @@
 #include "trainer/cuda/grad_reduce.h"
 
 #include <algorithm>
+#include <cstdlib>
+
+#include "trainer/cuda/kernels.h"
 
 namespace leantron::trainer::cuda {
 
@@ -12,6 +15,10 @@ GradReducer::GradReducer(NcclCommunicator* dp, float* grad, std::vector<Bucket> 
   for (cudaEvent_t* e : {&comm_start_, &compute_done_, &comm_done_})
     LT_CUDA_CHECK(cudaEventCreate(e));
   LT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+  const char* ce = std::getenv("LEANTRON_DP_COPY_ENGINE");
+  if (dp_->size() == 2 && (ce == nullptr || ce[0] != '0')) {
+    exchange_ = PeerExchange::Create(dp_, (kPieceElements / 2 + 1) * sizeof(float));
+  }
 }
 
 GradReducer::~GradReducer() {
@@ -62,7 +69,34 @@ void GradReducer::Launch(const Bucket& b) {
     LT_CUDA_CHECK(cudaEventRecord(comm_start_, comm_));
     started_ = true;
   }
-  dp_->AllReduce(grad_ + b.offset, b.numel, CommType::kF32, comm_);
+  if (exchange_ != nullptr) {
+    CopyEngineAllReduce(grad_ + b.offset, b.numel);
+  } else {
+    dp_->AllReduce(grad_ + b.offset, b.numel, CommType::kF32, comm_);
+  }
+}
+
+// Piece by piece: rank 0 owns the first half, rank 1 the second. Each sends the half it does not
+// own, adds the peer's copy of its own half into it, sends the sum back and takes the peer's sum
+// of the other half: every element is added once, so both ranks hold the same bits.
+void GradReducer::CopyEngineAllReduce(float* data, size_t n) {
+  const int rank = dp_->rank(), peer = 1 - rank;
+  for (size_t begin = 0; begin < n; begin += kPieceElements) {
+    const size_t count = std::min(kPieceElements, n - begin);
+    const size_t half = count / 2;
+    float* part[2] = {data + begin, data + begin + half};
+    const size_t len[2] = {half, count - half};
+    exchange_->Send(part[peer], len[peer] * sizeof(float), comm_);
+    exchange_->Receive(
+        [&](const void* inbox) {
+          AddInPlace(part[rank], static_cast<const float*>(inbox), len[rank], comm_);
+        },
+        comm_);
+    exchange_->Send(part[rank], len[rank] * sizeof(float), comm_);
+    exchange_->WaitSent(comm_);  // the first send has left part[peer]
+    exchange_->Receive(part[peer], len[peer] * sizeof(float), comm_);
+  }
+  exchange_->WaitSent(comm_);
 }
 
 void GradReducer::LayerDone(int layer) {

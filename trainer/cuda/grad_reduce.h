@@ -3,13 +3,16 @@
 // bucket's all-reduce starts on a communication stream as soon as the backward has finished the
 // lowest layer in it, while the backward goes on with the layers below. The compute stream waits
 // for the last bucket only when the backward is done. The time it waits is the exposed part of the
-// communication, measured with events and reported per step.
+// communication, measured with events and reported per step. Two data-parallel ranks of one node
+// reduce by copy engine (PeerExchange: each rank sums one half and copies the other half back;
+// LEANTRON_DP_COPY_ENGINE=0 uses NCCL), so the backward keeps every SM.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "trainer/cuda/cuda_util.h"
+#include "trainer/cuda/peer_exchange.h"
 #include "trainer/dist/nccl_comm.h"
 
 namespace leantron::trainer::cuda {
@@ -41,6 +44,7 @@ class GradReducer {
 
  private:
   void Launch(const Bucket& b);
+  void CopyEngineAllReduce(float* data, size_t n);
   NcclCommunicator* dp_;
   float* grad_;
   std::vector<Bucket> buckets_;
@@ -50,6 +54,9 @@ class GradReducer {
   cudaEvent_t ready_ = nullptr, comm_start_ = nullptr, compute_done_ = nullptr,
               comm_done_ = nullptr;
   bool started_ = false;
+  std::unique_ptr<PeerExchange> exchange_;
+  // Elements reduced per copy-engine round (the inbox holds half of it twice: 64 MiB each).
+  static constexpr size_t kPieceElements = size_t{32} << 20;
 };
 
 }  // namespace leantron::trainer::cuda

@@ -167,14 +167,21 @@ void PeerExchange::Send(const void* src, size_t bytes, cudaStream_t s) {
 }
 
 void PeerExchange::Receive(void* dst, size_t bytes, cudaStream_t s) {
+  Receive(
+      [&](const void* inbox) {
+        LT_CUDA_CHECK(cudaMemcpyAsync(dst, inbox, bytes, cudaMemcpyDeviceToDevice, s));
+      },
+      s);
+}
+
+void PeerExchange::Receive(const std::function<void(const void* inbox)>& consume, cudaStream_t s) {
   const uint32_t k = received_++;
   const size_t flags = 2 * slot_bytes_;
   CheckDriver(
       api_->wait(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(local_ + flags),
                  k + 1, CU_STREAM_WAIT_VALUE_GEQ),
       "cuStreamWaitValue32");
-  LT_CUDA_CHECK(
-      cudaMemcpyAsync(dst, local_ + (k % 2) * slot_bytes_, bytes, cudaMemcpyDeviceToDevice, s));
+  consume(local_ + (k % 2) * slot_bytes_);
   CheckDriver(api_->write(reinterpret_cast<CUstream>(s),
                           reinterpret_cast<CUdeviceptr>(prev_ + flags + kConsumedOffset), k + 1,
                           CU_STREAM_WRITE_VALUE_DEFAULT),

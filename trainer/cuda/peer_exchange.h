@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "trainer/cuda/cuda_util.h"
@@ -30,6 +31,10 @@ class PeerExchange {
   void Send(const void* src, size_t bytes, cudaStream_t s);
   // Work enqueued on `s` afterwards sees the previous rank's matching Send copied into `dst`.
   void Receive(void* dst, size_t bytes, cudaStream_t s);
+  // The same, with `consume(inbox)` enqueuing on `s` whatever reads the block where it arrived
+  // (the inbox is handed back once that work is done).
+  void Receive(const std::function<void(const void* inbox)>& consume, cudaStream_t s);
+  size_t max_bytes() const { return slot_bytes_; }
   // Work enqueued on `s` afterwards runs once every Send so far has left its source.
   void WaitSent(cudaStream_t s);
 
