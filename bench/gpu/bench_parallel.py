@@ -83,11 +83,13 @@ def main():
             print("   ", rep, flush=True)
         for rank, lay in r["layers"]:
             print(f"    rank {rank}: layers {lay}", flush=True)
-    if "PP2, 8 micro-batches" in results and "1 GPU" in results:
+    for name in results:
+        if not name.startswith("PP2, 8 micro-batches") or "1 GPU" not in results:
+            continue
         # Same micro-batch (32): the PP2 step does 8 of them, each GPU half of every one.
-        pp, one = results["PP2, 8 micro-batches"]["ms"], results["1 GPU"]["ms"]
+        pp, one = results[name]["ms"], results["1 GPU"]["ms"]
         bubble = 1 - (8 * one / 2) / pp
-        print(f"PP2 with 8 micro-batches: measured idle share {bubble * 100:.1f}% of the step "
+        print(f"{name}: measured idle share {bubble * 100:.1f}% of the step "
               f"(1 - (8 x 1-GPU step / 2) / PP2 step); 1F1B bubble theory (PP-1)/(M+PP-1) = "
               f"{100 / 9:.1f}%", flush=True)
     if a.out:
