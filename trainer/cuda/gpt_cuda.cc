@@ -134,7 +134,6 @@ class BF16GptModel : public StageModel {
   // Closes layer l: x[l+1] = mid + dropout(mlp output), then LayerNorm into `out` (all rows).
   void ResidualNorm(Slot& s, int l, bf16* out, float* mean, float* rstd, const float* w,
                     const float* b, bool gather);
-  const bf16* mlp_addend_ = nullptr;  // RowParallelForward's addend for the MLP output
   // LayerNorm of this rank's rows of x into `out_full`'s slot for them, then gathered when
   // `gather` (the layers' own norms leave it to the GatherRun of the product that reads them).
   void NormGather(bf16* out_full, float* mean, float* rstd, const bf16* residual,
@@ -194,6 +193,7 @@ class BF16GptModel : public StageModel {
   bf16* shared_gelu_ = nullptr;        // --recompute-gelu
   int32_t* positions_ = nullptr;       // this rank's rows
   bf16 *branch_, *branch_l_, *branch_peer_ = nullptr, *junk_, *lnf_full_, *dlnf_full_, *logits_;
+  const bf16* mlp_addend_ = nullptr;  // RowParallelForward's addend for the MLP output
   float *ce_part_, *ce_max_, *ce_sums_;
   double* loss_sum_ = nullptr;       // Σ micro-batch losses this step (last stage), on the device
   double* host_loss_sum_ = nullptr;  // pinned
