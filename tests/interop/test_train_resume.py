@@ -48,21 +48,27 @@ def test_resume_is_bitwise_for_the_same_layout(dataset, tmp_path, nproc, extra):
     assert files(tmp_path / "a", ITERS) == files(tmp_path / "b", ITERS)
 
 
+def assert_resumed_second_half(straight, rest, straight_dir, rest_dir):
+    """The resumed run logs the second half of the straight run's iterations with its losses, and
+    saves the same final weights (within the float32 differences of another layout)."""
+    a_train, _ = parse_log(straight.stdout)
+    c_train, _ = parse_log(rest.stdout)
+    assert sorted(c_train) == list(range(ITERS // 2 + 1, ITERS + 1))
+    for it, row in c_train.items():
+        assert row[1] == pytest.approx(a_train[it][1], rel=2e-5)
+    _, want = read_ours(straight_dir)
+    _, got = read_ours(rest_dir)
+    for name, w in want[""].items():
+        np.testing.assert_allclose(got[""][name], w, rtol=1e-3, atol=2e-5, err_msg=name)
+
+
 def test_resume_into_another_layout(dataset, tmp_path):
     straight = run_train(common(dataset) + ["--save", tmp_path / "a"])
     run_train(common(dataset) + ["--save", tmp_path / "b", "--exit-interval", ITERS // 2])
     rest = run_train(common(dataset) + ["--load", tmp_path / "b", "--save", tmp_path / "c",
                                         "--tensor-model-parallel-size", "2",
                                         "--pipeline-model-parallel-size", "2"], nproc=4)
-    a_train, _ = parse_log(straight.stdout)
-    c_train, _ = parse_log(rest.stdout)
-    assert sorted(c_train) == list(range(ITERS // 2 + 1, ITERS + 1))
-    for it, row in c_train.items():
-        assert row[1] == pytest.approx(a_train[it][1], rel=2e-5)
-    _, want = read_ours(tmp_path / "a")
-    _, got = read_ours(tmp_path / "c")
-    for name, w in want[""].items():
-        np.testing.assert_allclose(got[""][name], w, rtol=1e-3, atol=2e-5, err_msg=name)
+    assert_resumed_second_half(straight, rest, tmp_path / "a", tmp_path / "c")
 
 
 def test_resume_uneven_pipeline_checkpoint_under_pp1(dataset, tmp_path):
@@ -79,15 +85,7 @@ def test_resume_uneven_pipeline_checkpoint_under_pp1(dataset, tmp_path):
     assert meta["args"]["decoder_last_pipeline_num_layers"] is None
     assert [s["layers"] for s in meta["layout"]["stages"]] == [[[0, 3]], [[3, 4]]]
     rest = run_train(common(dataset) + ["--load", tmp_path / "b", "--save", tmp_path / "c"])
-    a_train, _ = parse_log(straight.stdout)
-    c_train, _ = parse_log(rest.stdout)
-    assert sorted(c_train) == list(range(ITERS // 2 + 1, ITERS + 1))
-    for it, row in c_train.items():
-        assert row[1] == pytest.approx(a_train[it][1], rel=2e-5)
-    _, want = read_ours(tmp_path / "a")
-    _, got = read_ours(tmp_path / "c")
-    for name, w in want[""].items():
-        np.testing.assert_allclose(got[""][name], w, rtol=1e-3, atol=2e-5, err_msg=name)
+    assert_resumed_second_half(straight, rest, tmp_path / "a", tmp_path / "c")
 
 
 def test_sigterm_saves_and_exits(dataset, tmp_path):

@@ -122,6 +122,9 @@ class BF16GptModel : public StageModel {
   void ColumnParallelBackward(const char* op, const bf16* dout, const bf16* weight, int64_t n,
                               const std::function<void()>& weight_grad);
   void TpAllReduce(float* data, int64_t n, ReduceOp op);
+  // On tp_stream_, one NCCL group: `count` bf16 from `send` to TP rank `to`, into `recv` from
+  // rank `from`.
+  void TpSendRecv(const char* op, const bf16* send, int to, bf16* recv, int from, size_t count);
   void TpFollowMain();  // tp_stream_ waits for the compute stream's work so far
   void WaitTp();        // the compute stream waits for tp_stream_
   bf16* LocalRows(bf16* full) const { return full + row_offset_ * h_; }

@@ -73,13 +73,7 @@ const bf16* BF16GptModel::RowParallelForward(const char* op,
     return branch_peer_;
   }
   TpFollowMain();
-  tp_->Enqueue("partial-sum exchange", tp_stream_, [&](ncclComm_t comm) {
-    ncclResult_t r = ncclGroupStart();
-    if (r == ncclSuccess) r = ncclSend(send, count, ncclBfloat16, peer, comm, tp_stream_);
-    if (r == ncclSuccess) r = ncclRecv(branch_peer_, count, ncclBfloat16, peer, comm, tp_stream_);
-    const ncclResult_t end = ncclGroupEnd();
-    return r != ncclSuccess ? r : end;
-  });
+  TpSendRecv("partial-sum exchange", send, peer, branch_peer_, peer, count);
   prof_.Begin(op);
   {
     OverlapSms sms(mm_, overlap_sms_);
@@ -87,6 +81,17 @@ const bf16* BF16GptModel::RowParallelForward(const char* op,
   }
   WaitTp();
   return branch_peer_;
+}
+
+void BF16GptModel::TpSendRecv(const char* op, const bf16* send, int to, bf16* recv, int from,
+                              size_t count) {
+  tp_->Enqueue(op, tp_stream_, [&](ncclComm_t comm) {
+    ncclResult_t r = ncclGroupStart();
+    if (r == ncclSuccess) r = ncclSend(send, count, ncclBfloat16, to, comm, tp_stream_);
+    if (r == ncclSuccess) r = ncclRecv(recv, count, ncclBfloat16, from, comm, tp_stream_);
+    const ncclResult_t end = ncclGroupEnd();
+    return r != ncclSuccess ? r : end;
+  });
 }
 
 void BF16GptModel::TpAllReduce(float* data, int64_t n, ReduceOp op) {
@@ -130,13 +135,7 @@ void BF16GptModel::GatherRun(bf16* full, const char* op,
     if (i + 1 < size) {
       bf16* send = full + have * count;
       bf16* recv = full + ((rank - i - 1 + size) % size) * count;
-      tp_->Enqueue("ring all-gather", tp_stream_, [&](ncclComm_t comm) {
-        ncclResult_t r = ncclGroupStart();
-        if (r == ncclSuccess) r = ncclSend(send, count, ncclBfloat16, next, comm, tp_stream_);
-        if (r == ncclSuccess) r = ncclRecv(recv, count, ncclBfloat16, prev, comm, tp_stream_);
-        const ncclResult_t end = ncclGroupEnd();
-        return r != ncclSuccess ? r : end;
-      });
+      TpSendRecv("ring all-gather", send, next, recv, prev, count);
       LT_CUDA_CHECK(cudaEventRecord(ring_events_[i], tp_stream_));
     }
     if (i > 0) {
