@@ -3,6 +3,7 @@ on two GPUs (device kind nvidia-h200-x2): 1 GPU, DP2, TP2, TP2+SP, PP2 with one 
 with enough to fill the pipeline, all `train --bf16`; step time, tokens/s, MFU and memory per
 GPU, beside the tutorial's Megatron numbers. Run through scripts/device_check.sh parallel."""
 import argparse
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -13,7 +14,11 @@ MODEL = ["--num-layers", "36", "--hidden-size", "1280", "--num-attention-heads",
 # name, processes, micro-batch, global batch, extra flags, Megatron (ms, GB per GPU)
 ROWS = [
     ("1 GPU", 1, 32, 32, [], "438 ms, ≈80 GB"),
+    # The same run on the machine's second GPU: a data-parallel step waits for the slower one.
+    ("1 GPU (the second)", 1, 32, 32, [], "–"),
     ("DP2", 2, 32, 64, ["--overlap-grad-reduce"], "437 ms"),
+    ("DP2, distributed optimizer", 2, 32, 64,
+     ["--overlap-grad-reduce", "--use-distributed-optimizer", "--overlap-param-gather"], "–"),
     ("TP2", 2, 64, 64, ["--tensor-model-parallel-size", "2"], "543 ms, 86 GB"),
     ("TP2+SP", 2, 64, 64, ["--tensor-model-parallel-size", "2", "--sequence-parallel"],
      "539 ms, 71.6 GB"),
@@ -31,7 +36,7 @@ def flops_per_token(layers=36, h=1280, seq=1024, vocab=50304):
         3 * 2 * h * vocab
 
 
-def run(bin_dir, procs, mb, gbs, extra, iters):
+def run(bin_dir, procs, mb, gbs, extra, iters, env=None):
     cmd = [str(Path(bin_dir) / "train"), "--bf16", "--mock-data", "--tokenizer-type",
            "NullTokenizer", "--vocab-size", "50256", *MODEL, "--micro-batch-size", str(mb),
            "--global-batch-size", str(gbs), "--train-iters", str(iters), "--log-interval", "5",
@@ -39,7 +44,7 @@ def run(bin_dir, procs, mb, gbs, extra, iters):
            "0", "--attention-dropout", "0", "--openai-gelu", "--eval-iters", "0", *extra]
     if procs > 1:
         cmd += ["--nproc-per-node", str(procs)]
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if p.returncode != 0:
         return None, (p.stdout + p.stderr)[-1500:]
     ms = [float(x) for x in re.findall(r"elapsed time per iteration \(ms\): ([\d.]+)", p.stdout)]
@@ -66,7 +71,8 @@ def main():
     for name, procs, mb, gbs, extra, megatron in ROWS:
         if a.only and name not in a.only.split(";"):
             continue
-        r, err = run(a.bin, procs, mb, gbs, extra, a.iters)
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES="1") if "second" in name else None
+        r, err = run(a.bin, procs, mb, gbs, extra, a.iters, env)
         if r is None:
             lines.append(f"| {name} | {procs} | {mb} / {gbs} | error: "
                          f"{err.replace(chr(10), ' ')[-300:]} | | | | {megatron} |")
