@@ -84,6 +84,7 @@ absl::Status SaveTrainingCheckpoint(const TrainArgs& args, const ckpt::ModelLayo
                                     const TrainPosition& position) {
   Communicator& world = *groups.world;
   std::vector<float> exp_avg, exp_avg_sq;
+  optimizer.GatherParams();                      // collective over DP
   optimizer.GatherState(&exp_avg, &exp_avg_sq);  // collective over DP
 
   absl::Status st;

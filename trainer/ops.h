@@ -141,10 +141,13 @@ class Ops {
   virtual double SumSquares(const float* x, size_t n) = 0;
 
   // AdamW (decoupled weight decay, torch.optim.AdamW's formula) on a flat range; `step` is the
-  // 1-based step count used for bias correction.
+  // 1-based step count used for bias correction. The gradient used is grad · grad_scale (data-
+  // parallel averaging and clipping, one float multiply as a separate scaling pass would do).
+  // With `bf16_out` the updated weights are also written there rounded to bfloat16 (nearest even).
   virtual void AdamWStep(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
                          size_t n, float lr, float beta1, float beta2, float eps,
-                         float weight_decay, int64_t step) = 0;
+                         float weight_decay, int64_t step, float grad_scale,
+                         uint16_t* bf16_out) = 0;
 };
 
 // "cpu" is the float32 reference backend; "cuda" (builds with a CUDA toolkit) runs the same

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "libckpt/dtype.h"
 #include "trainer/ops.h"
 
 namespace leantron::trainer {
@@ -468,19 +469,20 @@ class CpuOps final : public Ops {
   }
 
   void AdamWStep(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n,
-                 float lr, float beta1, float beta2, float eps, float weight_decay,
-                 int64_t step) override {
+                 float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step,
+                 float grad_scale, uint16_t* bf16_out) override {
     const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step));
     const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step));
     const float step_size = static_cast<float>(lr / bc1);
     const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
     const float decay = 1.0f - lr * weight_decay;
     for (size_t i = 0; i < n; ++i) {
-      const float g = grad[i];
+      const float g = grad[i] * grad_scale;
       exp_avg[i] = beta1 * exp_avg[i] + (1.0f - beta1) * g;
       exp_avg_sq[i] = beta2 * exp_avg_sq[i] + (1.0f - beta2) * g * g;
       const float denom = std::sqrt(exp_avg_sq[i]) / bc2_sqrt + eps;
       param[i] = param[i] * decay - step_size * exp_avg[i] / denom;
+      if (bf16_out != nullptr) bf16_out[i] = ckpt::FloatToBFloat16(param[i]);
     }
   }
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace leantron::trainer {
@@ -10,35 +12,60 @@ Optimizer::Optimizer(Ops* ops, ParamStore* params, ProcessGroups* groups,
                      const OptimizerOptions& options)
     : ops_(ops), params_(params), groups_(groups), opt_(options) {
   const size_t n = params_->size();
-  const int dp = groups_->dp->size();
-  if (opt_.distributed && dp > 1) {
-    slice_ = (n + dp - 1) / dp;
-    begin_ = std::min(n, slice_ * groups_->dp->rank());
-    end_ = std::min(n, begin_ + slice_);
-  } else {
-    slice_ = n;
-    begin_ = 0;
-    end_ = n;
-  }
-  exp_avg_ = ops_->Alloc(end_ - begin_);
-  exp_avg_sq_ = ops_->Alloc(end_ - begin_);
-  // Adjacent views with the same treatment merge into one range: a few long kernels (and, for
-  // the norm, a few device-to-host reads) per step instead of one per tensor.
-  for (const ParamView& v : params_->views()) {
-    const size_t b = std::max(begin_, v.offset), e = std::min(end_, v.offset + v.numel);
-    if (b >= e) continue;
-    if (v.count_in_norm) {
-      if (!norm_ranges_.empty() && norm_ranges_.back().second == b) {
-        norm_ranges_.back().second = e;
-      } else {
-        norm_ranges_.push_back({b, e});
-      }
+  if (opt_.buckets.empty()) opt_.buckets.push_back({0, n, -1, -1});
+  // The buckets must tile the buffer: every element reduced once and stepped by one rank.
+  {
+    std::vector<std::pair<size_t, size_t>> tiles;
+    for (const DpBucket& b : opt_.buckets) tiles.push_back({b.offset, b.offset + b.numel});
+    std::sort(tiles.begin(), tiles.end());
+    size_t at = 0;
+    for (const auto& [b, e] : tiles) {
+      if (b != at) break;
+      at = e;
     }
-    if (!adam_ranges_.empty() && adam_ranges_.back().end == b &&
-        adam_ranges_.back().decay == v.decay) {
-      adam_ranges_.back().end = e;
-    } else {
-      adam_ranges_.push_back({b, e, v.decay});
+    if (at != n) {
+      std::fprintf(stderr, "Optimizer: the data-parallel buckets do not cover the %zu parameters\n",
+                   n);
+      std::abort();
+    }
+  }
+  if (sharded()) {
+    for (const DpBucket& b : opt_.buckets) {
+      const auto [first, last] = b.Part(groups_->dp->rank(), groups_->dp->size());
+      if (first < last) owned_.push_back({first, last, 0});
+    }
+    std::sort(owned_.begin(), owned_.end(),
+              [](const Owned& a, const Owned& b) { return a.begin < b.begin; });
+  } else {
+    owned_.push_back({0, n, 0});
+  }
+  for (Owned& o : owned_) {
+    o.state = state_elements_;
+    state_elements_ += o.end - o.begin;
+  }
+  exp_avg_ = ops_->Alloc(state_elements_);
+  exp_avg_sq_ = ops_->Alloc(state_elements_);
+  // Adjacent pieces with the same treatment merge into one range: a few long kernels (and, for
+  // the norm, a few device-to-host reads) per step instead of one per tensor.
+  for (const Owned& o : owned_) {
+    for (const ParamView& v : params_->views()) {
+      const size_t b = std::max(o.begin, v.offset), e = std::min(o.end, v.offset + v.numel);
+      if (b >= e) continue;
+      if (v.count_in_norm) {
+        if (!norm_ranges_.empty() && norm_ranges_.back().second == b) {
+          norm_ranges_.back().second = e;
+        } else {
+          norm_ranges_.push_back({b, e});
+        }
+      }
+      const size_t state = o.state + (b - o.begin);
+      Range* last = adam_ranges_.empty() ? nullptr : &adam_ranges_.back();
+      if (last != nullptr && last->end == b && last->decay == v.decay &&
+          last->state + (last->end - last->begin) == state) {
+        last->end = e;
+      } else {
+        adam_ranges_.push_back({b, e, state, v.decay});
+      }
     }
   }
 }
@@ -69,77 +96,85 @@ void Optimizer::FinalizeGrads() {
     }
   }
   Communicator* dp = groups_->dp.get();
-  if (dp->size() == 1) return;
-  const size_t n = params_->size();
-  const float inv = 1.0f / static_cast<float>(dp->size());
-  if (opt_.dp_reduced_by_model) {
-    // Summed already, overlapped with the backward.
-  } else if (opt_.distributed) {
-    // Every rank needs only its slice summed; the Gloo backend's reduce-scatter is an all-reduce
-    // underneath, so reduce whole buckets and keep everything (the others' slices are unused).
-    for (size_t b = 0; b < n; b += opt_.bucket_elements)
-      dp->AllReduceSum(grad + b, std::min<size_t>(opt_.bucket_elements, n - b));
-  } else {
-    // Buckets bound the message size; on the CPU there is no backward to overlap them with.
-    for (size_t b = 0; b < n; b += opt_.bucket_elements)
-      dp->AllReduceSum(grad + b, std::min<size_t>(opt_.bucket_elements, n - b));
-  }
-  ops_->Scale(grad + begin_, end_ - begin_, inv);
+  if (dp->size() == 1 || opt_.dp_by_model) return;
+  // The data-parallel sum, bucket by bucket (the Gloo backend's reduce-scatter is an all-reduce
+  // underneath, so the distributed optimizer reduces whole buckets too and uses its parts). The
+  // 1/DP averaging happens inside the step.
+  for (const DpBucket& b : opt_.buckets) dp->AllReduceSum(grad + b.offset, b.numel);
 }
 
 StepResult Optimizer::Step(float lr) {
   StepResult result;
   float* grad = params_->grad();
   float* data = params_->data();
-  // Squared norm over the parameters this rank counts, restricted to its optimizer slice.
+  // Squared norm over the parameters this rank counts, restricted to what it steps; the
+  // gradients are still the sum over DP ranks.
   double sq = 0.0;
   for (const auto& [b, e] : norm_ranges_) sq += ops_->SumSquares(grad + b, e - b);
   groups_->model->AllReduceSumDouble(&sq, 1);
-  if (opt_.distributed && groups_->dp->size() > 1) groups_->dp->AllReduceSumDouble(&sq, 1);
-  result.grad_norm = std::sqrt(sq);
+  if (sharded()) groups_->dp->AllReduceSumDouble(&sq, 1);
+  const double inv_dp = 1.0 / static_cast<double>(groups_->dp->size());
+  result.grad_norm = std::sqrt(sq) * inv_dp;
   if (!std::isfinite(result.grad_norm)) {
     result.skipped = true;
     return result;
   }
+  float grad_scale = static_cast<float>(inv_dp);
   if (opt_.clip_grad > 0.0f) {
     const double coeff = opt_.clip_grad / (result.grad_norm + 1e-6);
-    if (coeff < 1.0) ops_->Scale(grad + begin_, end_ - begin_, static_cast<float>(coeff));
+    if (coeff < 1.0) grad_scale *= static_cast<float>(coeff);
   }
   ++step_;
+  uint16_t* low = params_->bf16_copy();
   for (const Range& r : adam_ranges_) {
-    ops_->AdamWStep(data + r.begin, grad + r.begin, exp_avg_ + (r.begin - begin_),
-                    exp_avg_sq_ + (r.begin - begin_), r.end - r.begin, lr, opt_.beta1, opt_.beta2,
-                    opt_.eps, r.decay ? opt_.weight_decay : 0.0f, step_);
+    ops_->AdamWStep(data + r.begin, grad + r.begin, exp_avg_ + r.state, exp_avg_sq_ + r.state,
+                    r.end - r.begin, lr, opt_.beta1, opt_.beta2, opt_.eps,
+                    r.decay ? opt_.weight_decay : 0.0f, step_, grad_scale,
+                    low != nullptr ? low + r.begin : nullptr);
   }
-  if (opt_.distributed && groups_->dp->size() > 1) {
-    // Each rank broadcasts its updated slice (a padded all-gather would need equal slices).
-    const int dp = groups_->dp->size();
-    const size_t n = params_->size();
-    for (int r = 0; r < dp; ++r) {
-      const size_t b = std::min(n, slice_ * r), e = std::min(n, b + slice_);
-      if (b < e) groups_->dp->Broadcast(data + b, e - b, r);
+  params_->WeightsStepped();
+  if (sharded()) {
+    if (opt_.dp_by_model) {
+      params_partial_ = true;
+    } else {
+      BroadcastParts();
     }
   }
   return result;
+}
+
+void Optimizer::BroadcastParts() {
+  float* data = params_->data();
+  const int dp = groups_->dp->size();
+  for (const DpBucket& b : opt_.buckets) {
+    for (int r = 0; r < dp; ++r) {
+      const auto [first, last] = b.Part(r, dp);
+      if (first < last) groups_->dp->Broadcast(data + first, last - first, r);
+    }
+  }
+}
+
+void Optimizer::GatherParams() {
+  if (!params_partial_) return;
+  BroadcastParts();
+  params_partial_ = false;
 }
 
 void Optimizer::GatherState(std::vector<float>* exp_avg, std::vector<float>* exp_avg_sq) {
   const size_t n = params_->size();
   exp_avg->assign(n, 0.0f);
   exp_avg_sq->assign(n, 0.0f);
-  if (!(opt_.distributed && groups_->dp->size() > 1)) {
+  if (!sharded()) {
     ops_->CopyToHost(exp_avg->data(), exp_avg_, n * sizeof(float));
     ops_->CopyToHost(exp_avg_sq->data(), exp_avg_sq_, n * sizeof(float));
     return;
   }
-  // Every DP rank broadcasts its slice into whole-shard backend buffers, then one copy out.
-  for (auto [slice, host] : {std::pair{exp_avg_, exp_avg}, std::pair{exp_avg_sq_, exp_avg_sq}}) {
+  // Every rank places its parts in a zeroed whole-shard buffer; the sum over DP is the whole.
+  for (auto [state, host] : {std::pair{exp_avg_, exp_avg}, std::pair{exp_avg_sq_, exp_avg_sq}}) {
     float* whole = ops_->Alloc(n);
-    ops_->Copy(whole + begin_, slice, end_ - begin_);
-    for (int r = 0; r < groups_->dp->size(); ++r) {
-      const size_t b = std::min(n, slice_ * r), e = std::min(n, b + slice_);
-      if (b < e) groups_->dp->Broadcast(whole + b, e - b, r);
-    }
+    ops_->Zero(whole, n);
+    for (const Owned& o : owned_) ops_->Copy(whole + o.begin, state + o.state, o.end - o.begin);
+    groups_->dp->AllReduceSum(whole, n);
     ops_->CopyToHost(host->data(), whole, n * sizeof(float));
     ops_->Free(whole);
   }
@@ -147,8 +182,11 @@ void Optimizer::GatherState(std::vector<float>* exp_avg, std::vector<float>* exp
 
 void Optimizer::ScatterState(const std::vector<float>& exp_avg,
                              const std::vector<float>& exp_avg_sq) {
-  ops_->CopyFromHost(exp_avg_, exp_avg.data() + begin_, (end_ - begin_) * sizeof(float));
-  ops_->CopyFromHost(exp_avg_sq_, exp_avg_sq.data() + begin_, (end_ - begin_) * sizeof(float));
+  for (const Owned& o : owned_) {
+    const size_t bytes = (o.end - o.begin) * sizeof(float);
+    ops_->CopyFromHost(exp_avg_ + o.state, exp_avg.data() + o.begin, bytes);
+    ops_->CopyFromHost(exp_avg_sq_ + o.state, exp_avg_sq.data() + o.begin, bytes);
+  }
 }
 
 }  // namespace leantron::trainer

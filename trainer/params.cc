@@ -1,6 +1,9 @@
 #include "trainer/params.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <span>
 
@@ -69,6 +72,7 @@ std::vector<float> ParamStore::HostData() const {
 
 void ParamStore::SetFromHost(const ParamView& view, const float* host) {
   ops_->CopyFromHost(data_ + view.offset, host, view.numel * sizeof(float));
+  WeightsRewritten();
 }
 
 float* ParamStore::Grad(const std::string& name) {
@@ -77,6 +81,7 @@ float* ParamStore::Grad(const std::string& name) {
 }
 
 void ParamStore::Initialize(uint64_t seed, double init_std) {
+  WeightsRewritten();
   const int64_t num_layers = layout_.config().num_layers;
   const double output_std = init_std / std::sqrt(2.0 * static_cast<double>(num_layers));
   std::vector<float> full, shard;
@@ -99,6 +104,71 @@ void ParamStore::Initialize(uint64_t seed, double init_std) {
                          std::as_writable_bytes(std::span<float>(shard)));
     ops_->CopyFromHost(data_ + v.offset, shard.data(), v.numel * sizeof(float));
   }
+}
+
+std::pair<size_t, size_t> DpBucket::Part(int rank, int size) const {
+  const size_t each = (numel + size - 1) / size;
+  const size_t begin = std::min(numel, each * rank), end = std::min(numel, begin + each);
+  return {offset + begin, offset + end};
+}
+
+std::vector<DpBucket> PlanDpBuckets(const ParamStore& params, int first_layer, int last_layer,
+                                    bool first_chunk, bool last_chunk, size_t bucket_elements) {
+  // Each layer's span of the flat buffer, and the chunk's other tensors.
+  const int layers = std::max(0, last_layer - first_layer);
+  std::vector<std::pair<size_t, size_t>> span(layers, {SIZE_MAX, 0}), rest;
+  for (const ParamView& v : params.views()) {
+    int layer = -1;
+    if (std::sscanf(v.name.c_str(), "decoder.layers.%d.", &layer) == 1) {
+      if (layer < first_layer || layer >= last_layer) continue;
+      auto& r = span[layer - first_layer];
+      r.first = std::min(r.first, v.offset);
+      r.second = std::max(r.second, v.offset + v.numel);
+    } else if ((first_chunk && v.name.rfind("embedding.", 0) == 0) ||
+               (last_chunk && v.name.rfind("embedding.", 0) != 0)) {
+      rest.push_back({v.offset, v.offset + v.numel});
+    }
+  }
+  std::vector<DpBucket> out;
+  // From the last layer down (the backward's order), merging neighbours up to the bucket size.
+  DpBucket cur;
+  for (int l = layers - 1; l >= 0; --l) {
+    const auto [first, last] = span[l];
+    if (first >= last) continue;
+    if (cur.numel > 0 && cur.offset != last) {  // not adjacent: close the open bucket
+      out.push_back(cur);
+      cur = DpBucket{};
+    }
+    if (cur.numel == 0) cur.last_layer = l;
+    cur.numel = cur.numel == 0 ? last - first : cur.numel + (cur.offset - first);
+    cur.offset = first;
+    cur.first_layer = l;
+    if (cur.numel >= bucket_elements) {
+      out.push_back(cur);
+      cur = DpBucket{};
+    }
+  }
+  if (cur.numel > 0) out.push_back(cur);
+  // The word embedding and the output layer get a bucket each: tied across the first and last
+  // stage, their two copies' gradients are summed element by element after the data-parallel
+  // reduction, so both copies must be cut into the same parts.
+  std::sort(rest.begin(), rest.end());
+  bool alone = false;
+  for (const auto& [first, last] : rest) {
+    const ParamView* v = nullptr;
+    for (const ParamView& w : params.views())
+      if (w.offset == first) v = &w;
+    const bool tied = v != nullptr && (v->name == "embedding.word_embeddings.weight" ||
+                                       v->name == "output_layer.weight");
+    if (!tied && !alone && !out.empty() && out.back().first_layer < 0 &&
+        out.back().offset + out.back().numel == first) {
+      out.back().numel += last - first;
+    } else {
+      out.push_back({first, last - first, -1, -1});
+    }
+    alone = tied;
+  }
+  return out;
 }
 
 }  // namespace leantron::trainer

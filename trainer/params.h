@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -55,7 +56,19 @@ class ParamStore {
   const ckpt::ModelLayout& layout() const { return layout_; }
   float* Grad(const std::string& name);
 
+  // The bf16 copy of the whole buffer the bf16 model computes with (device memory, owned by the
+  // model that sets it; null without). The optimizer writes it beside the fp32 weights it steps.
+  uint16_t* bf16_copy() const { return bf16_copy_; }
+  void set_bf16_copy(uint16_t* p) { bf16_copy_ = p; }
+  // Counts changes of the fp32 weights: every optimizer step (which also writes the bf16 copy of
+  // what it stepped) and every wholesale rewrite (initialisation, loading), after which a bf16
+  // copy must be converted anew. weights_rewritten() is the count at the last rewrite.
+  void WeightsStepped() { ++weights_version_; }
+  uint64_t weights_version() const { return weights_version_; }
+  uint64_t weights_rewritten() const { return weights_rewritten_; }
+
  private:
+  void WeightsRewritten() { weights_rewritten_ = ++weights_version_; }
   Ops* ops_;
   const ckpt::ModelLayout& layout_;
   int tp_rank_;
@@ -63,7 +76,28 @@ class ParamStore {
   float* data_ = nullptr;
   float* grad_ = nullptr;
   size_t size_ = 0;
+  uint16_t* bf16_copy_ = nullptr;
+  uint64_t weights_version_ = 0, weights_rewritten_ = 0;
 };
+
+// A contiguous range of the flat buffers that data parallelism reduces as one piece (a bucket):
+// the parameters of decoder layers [first_layer, last_layer] of one model chunk (indices relative
+// to the chunk's first layer), ready for reduction once the backward has finished first_layer; or,
+// with first_layer < 0, the chunk's embeddings or final norm and output layer, ready at the end.
+// With the distributed optimizer each data-parallel rank owns one part of every bucket.
+struct DpBucket {
+  size_t offset = 0, numel = 0;
+  int first_layer = -1, last_layer = -1;
+  // [begin, end) of the flat buffers that data-parallel rank `rank` of `size` owns: the bucket cut
+  // into `size` runs of ceil(numel / size) (the last ones may be shorter or empty).
+  std::pair<size_t, size_t> Part(int rank, int size) const;
+};
+
+// One model chunk's buckets, in the backward's order: its layers [first_layer, last_layer) from
+// the last down, neighbours merged up to `bucket_elements`, then the embeddings (`first_chunk`:
+// the first stage's first chunk) or the final norm and output layer (`last_chunk`).
+std::vector<DpBucket> PlanDpBuckets(const ParamStore& params, int first_layer, int last_layer,
+                                    bool first_chunk, bool last_chunk, size_t bucket_elements);
 
 // Binds one decoder layer's tensors by their Megatron-Core names into `w`, which has the fields
 // ln1_w ln1_b qkv_w qkv_b proj_w proj_b ln2_w ln2_b fc1_w fc1_b fc2_w fc2_b and their d_ gradients:

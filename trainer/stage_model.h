@@ -50,6 +50,9 @@ class StageModel {
   // gradient into.
   virtual float* input_buffer() = 0;
   virtual float* grad_buffer() = 0;
+  // Whether the model itself sums the gradients over data parallelism (and, with the distributed
+  // optimizer, gathers the stepped weights), so that the optimizer must not.
+  virtual bool reduces_data_parallel() const { return false; }
   // Peak device memory for the activations this model holds (bytes), for the log.
   virtual int64_t activation_bytes() const { return 0; }
   // Where a step's time went on the device (communication, exposed waits), for the per-rank

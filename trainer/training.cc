@@ -236,6 +236,16 @@ absl::Status Trainer::Run() {
                               : static_cast<int>(args_.recompute_num_layers);
   }
   mo.recompute_attention = args_.recompute_granularity == "selective";
+  // Data-parallel buckets, per model chunk: the bf16 model reduces (and gathers) its chunk's, the
+  // optimizer owns a part of each of them with the distributed optimizer.
+  std::vector<std::vector<DpBucket>> chunk_buckets;
+  for (int v = 0; v < args_.virtual_pipeline_size(); ++v) {
+    const auto [first, last] = layout_->StageLayers(g_.coords.pp, v);
+    chunk_buckets.push_back(
+        PlanDpBuckets(*params_, first, last, g_.coords.pp == 0 && v == 0,
+                      g_.coords.pp == g_.sizes.pp - 1 && v == args_.virtual_pipeline_size() - 1,
+                      static_cast<size_t>(args_.ddp_bucket_size)));
+  }
   if (args_.bf16) {
 #ifdef LEANTRON_HAVE_CUDA
     cuda::BF16Options bo;
@@ -244,12 +254,14 @@ absl::Status Trainer::Run() {
     bo.recompute_gelu = args_.recompute_gelu;
     bo.dp = g_.dp.get();
     bo.overlap_grad_reduce = args_.overlap_grad_reduce;
-    bo.bucket_elements = args_.ddp_bucket_size;
+    bo.distributed_optimizer = args_.use_distributed_optimizer;
+    bo.overlap_param_gather = args_.overlap_param_gather;
     bo.num_micro_batches = static_cast<int>(args_.num_micro_batches());
     bo.tp = g_.tp.get();
     bo.pp_rank = g_.coords.pp;
     for (int v = 0; v < args_.virtual_pipeline_size(); ++v) {
       bo.virtual_chunk = v;
+      bo.dp_buckets = chunk_buckets[v];
       absl::StatusOr<std::unique_ptr<StageModel>> m =
           cuda::CreateBF16GptModel(*layout_, params_.get(), bo);
       if (!m.ok()) return m.status();
@@ -271,8 +283,9 @@ absl::Status Trainer::Run() {
   oo.weight_decay = static_cast<float>(args_.weight_decay);
   oo.clip_grad = static_cast<float>(args_.clip_grad);
   oo.distributed = args_.use_distributed_optimizer;
-  oo.bucket_elements = args_.ddp_bucket_size;
-  oo.dp_reduced_by_model = args_.bf16 && args_.overlap_grad_reduce && g_.sizes.dp > 1;
+  for (const std::vector<DpBucket>& b : chunk_buckets)
+    oo.buckets.insert(oo.buckets.end(), b.begin(), b.end());
+  oo.dp_by_model = chunks_.front()->reduces_data_parallel();
   optimizer_ = std::make_unique<Optimizer>(ops_.get(), params_.get(), &g_, oo);
 
   DataOptions dopt;
@@ -339,10 +352,8 @@ absl::Status Trainer::Run() {
         " note: --overlap-grad-reduce/--overlap-param-gather have no effect on the float32 model "
         "(same numbers, no overlap)\n");
   }
-  if (g_.world_rank == 0 && args_.bf16 && args_.overlap_param_gather) {
-    Print(
-        " note: --overlap-param-gather: the distributed optimizer gathers the parameters after "
-        "the step, not overlapped with the next forward yet\n");
+  if (g_.world_rank == 0 && args_.overlap_param_gather && !args_.use_distributed_optimizer) {
+    Print(" note: --overlap-param-gather has no effect without --use-distributed-optimizer\n");
   }
   LrSchedule sched;
   sched.max_lr = args_.lr;

@@ -635,10 +635,11 @@ TEST_F(CudaOpsTest, AdamWStep) {
     float* dv = Up(v);
     float* dg = Up(g);
     for (int64_t step = 1; step <= 3; ++step) {
+      const float scale = step == 2 ? 0.6f : 1.0f;  // gradient scaling folded into the step
       gpu_->AdamWStep(dp + offset, dg + offset, dm + offset, dv + offset, n, 3e-3f, 0.9f, 0.95f,
-                      1e-8f, 0.1f, step);
+                      1e-8f, 0.1f, step, scale, nullptr);
       cpu_->AdamWStep(p.data() + offset, g.data() + offset, m.data() + offset, v.data() + offset, n,
-                      3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+                      3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, scale, nullptr);
     }
     EXPECT_TRUE(Close(Down(dp, n + 1), p, 1e-5)) << "param offset " << offset;
     EXPECT_TRUE(Close(Down(dm, n + 1), m, 1e-5)) << "exp_avg offset " << offset;
@@ -978,12 +979,21 @@ TEST_F(GpuTest, AdamWKernel) {
   auto p = Rand(n, 210), g = Rand(n, 211, 0.1f), m = Rand(n, 212, 0.01f), v = Rand(n, 213, 1e-3f);
   for (float& x : v) x = std::abs(x);
   Dev<float> dp(p), dg(g), dm(m), dv(v);
-  AdamW(dp.get(), dg.get(), dm.get(), dv.get(), n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 7,
-        MainStream());
-  cpu_->AdamWStep(p.data(), g.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 7);
-  EXPECT_TRUE(Close(dp.Download(), p, 1e-5));
+  Dev<bf16> low(n + 1);  // poisoned: NaN
+  // Into a bf16 copy at an odd offset (no vector stores), gradient scaled by 0.3.
+  AdamW(dp.get(), dg.get(), dm.get(), dv.get(), n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 7, 0.3f,
+        low.get() + 1, MainStream());
+  cpu_->AdamWStep(p.data(), g.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 7,
+                  0.3f, nullptr);
+  const std::vector<float> got = dp.Download();
+  EXPECT_TRUE(Close(got, p, 1e-5));
   EXPECT_TRUE(Close(dm.Download(), m, 1e-5));
   EXPECT_TRUE(Close(dv.Download(), v, 1e-5));
+  const std::vector<bf16> rounded = low.Download();
+  EXPECT_TRUE(std::isnan(static_cast<float>(rounded[0])));  // untouched before the range
+  for (size_t i = 0; i < n; ++i)
+    ASSERT_EQ(static_cast<float>(rounded[i + 1]), static_cast<float>(__float2bfloat16(got[i])))
+        << i;
 }
 
 TEST_F(GpuTest, SumSquaresKernelMatchesFloat64) {

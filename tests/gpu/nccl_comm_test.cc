@@ -600,7 +600,7 @@ TEST(NcclComm, CollectivesAndPointToPoint) {
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<Child> children =
         LaunchRanks(n, FreePort(), dir, [&](int rank) { return RunChecks(rank, sizes); });
-    WaitAll(children, 240);
+    WaitAll(children, 120);
     std::printf("[ %s ] %d ranks: %.1f s\n", Describe(sizes).c_str(), n,
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     for (const Child& c : children) {
@@ -638,7 +638,7 @@ void DeadRank(int victim) {
     std::fprintf(stderr, "rank %d: the AllReduce returned without rank %d\n", rank, victim);
     return 0;
   });
-  WaitAll(children, 90);
+  WaitAll(children, 120);
   for (const Child& c : children) {
     const std::string log = ReadFile(c.log);
     if (c.rank == victim) {

@@ -74,6 +74,7 @@ LAYOUTS = {
     "dp2-overlap": ["--overlap-grad-reduce"],
     "dp2-distopt": ["--use-distributed-optimizer", "--overlap-grad-reduce",
                     "--overlap-param-gather"],
+    "dp2-distopt-plain": ["--use-distributed-optimizer"],
     "tp2": ["--tensor-model-parallel-size", "2"],
     "tp2-sp": ["--tensor-model-parallel-size", "2", "--sequence-parallel"],
     "pp2": ["--pipeline-model-parallel-size", "2"],
@@ -91,7 +92,8 @@ def test_bf16_layouts_match_one_gpu(dataset, one_gpu_bf16, name):
     for it, v in one_gpu_bf16[1].items():
         assert valid[it] == pytest.approx(v, rel=0.02)
     if "--overlap-grad-reduce" in extra:
-        assert "data-parallel gradient all-reduce overlapped with the backward" in proc.stdout
+        kind = "reduce-scatter" if "--use-distributed-optimizer" in extra else "all-reduce"
+        assert f"data-parallel gradient {kind} overlapped with the backward" in proc.stdout
 
 
 @pytest.mark.parametrize("extra", [["--tensor-model-parallel-size", "2", "--sequence-parallel"],

@@ -184,6 +184,61 @@ TEST(OptimizerTest, NonFiniteGradientsSkipTheStepAndNormsAndDecayAreMegatrons) {
   EXPECT_NEAR(params.data()[emb->offset], before[emb->offset] * (1.0f - 1e-3f) - 1e-2f, 1e-6);
 }
 
+// The data-parallel buckets: PlanDpBuckets over each pipeline stage's chunks tiles the stage's
+// buffer, layers from the last down (each bucket's layers contiguous in the buffer), the
+// embeddings and head at the end; Part cuts a bucket into disjoint runs covering it.
+TEST(DpBucketTest, PlansTileTheBufferAndPartsTileTheBuckets) {
+  ckpt::ModelConfig config = TinyConfig(false);
+  config.num_layers = 12;
+  auto layout = ckpt::ModelLayout::Create(config, {1, 2, 2});  // PP 2, 2 chunks of 3 layers each
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  auto ops = *CreateOps("cpu");
+  for (int pp = 0; pp < 2; ++pp) {
+    ParamStore params(ops.get(), *layout, 0, pp, false);
+    size_t layer_numel = 0;  // one decoder layer's elements
+    for (const ParamView& v : params.views())
+      if (v.name.rfind("decoder.layers.", 0) == 0) layer_numel += v.numel;
+    layer_numel /= 6;  // 6 layers per stage
+    std::vector<int> covered(params.size(), 0);
+    for (int v = 0; v < 2; ++v) {
+      const auto [first, last] = layout->StageLayers(pp, v);
+      // Buckets of at least two layers' worth: layers merge in pairs.
+      const std::vector<DpBucket> plan =
+          PlanDpBuckets(params, first, last, pp == 0 && v == 0, pp == 1 && v == 1, 2 * layer_numel);
+      int expect_layer = last - first - 1;
+      bool saw_end = false;
+      for (const DpBucket& b : plan) {
+        for (size_t i = b.offset; i < b.offset + b.numel; ++i) ++covered[i];
+        if (b.first_layer < 0) {
+          saw_end = true;
+          continue;
+        }
+        EXPECT_FALSE(saw_end) << "layer buckets come first";
+        EXPECT_EQ(b.last_layer, expect_layer);
+        EXPECT_LE(b.first_layer, b.last_layer);
+        EXPECT_LE(b.last_layer - b.first_layer, 1) << "at most two layers per bucket";
+        EXPECT_EQ(b.numel, (b.last_layer - b.first_layer + 1) * layer_numel);
+        expect_layer = b.first_layer - 1;
+        for (int q : {1, 2, 3}) {
+          size_t total = 0, at = b.offset;
+          for (int r = 0; r < q; ++r) {
+            const auto [pb, pe] = b.Part(r, q);
+            if (pb == pe) continue;
+            EXPECT_EQ(pb, at) << "parts in order, no gap";
+            EXPECT_LE(pe - pb, (b.numel + q - 1) / q);
+            total += pe - pb;
+            at = pe;
+          }
+          EXPECT_EQ(total, b.numel);
+        }
+      }
+      EXPECT_EQ(expect_layer, -1) << "every layer of the chunk in a bucket";
+      EXPECT_EQ(saw_end, (pp == 0 && v == 0) || (pp == 1 && v == 1));
+    }
+    for (size_t i = 0; i < covered.size(); ++i) ASSERT_EQ(covered[i], 1) << "element " << i;
+  }
+}
+
 TEST(SchedulerTest, MegatronShapes) {
   LrSchedule s;
   s.max_lr = 1.0;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "libckpt/dtype.h"
 
 namespace leantron::trainer {
 namespace {
@@ -458,12 +459,21 @@ TEST_F(OpsTest, AdamWMatchesTheFloat64Formula) {
   auto p = Rand(n, 19), m = std::vector<float>(n, 0.0f), v = std::vector<float>(n, 0.0f);
   Vec P = D(p), M(n, 0.0), V2(n, 0.0);
   const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+  std::vector<uint16_t> low(n, 0xFFFF);
   for (int step = 1; step <= 5; ++step) {
     auto g = Rand(n, 100 + step);
-    ops_->AdamWStep(p.data(), g.data(), m.data(), v.data(), n, lr, b1, b2, eps, wd, step);
+    // The gradient enters times grad_scale (averaging, clipping); steps 2 and 4 also write bf16.
+    const double scale = step % 2 == 0 ? 0.375 : 1.0;
+    ops_->AdamWStep(p.data(), g.data(), m.data(), v.data(), n, lr, b1, b2, eps, wd, step,
+                    static_cast<float>(scale), step % 2 == 0 ? low.data() : nullptr);
+    if (step % 2 == 0) {
+      for (int i = 0; i < n; ++i) ASSERT_EQ(low[i], ckpt::FloatToBFloat16(p[i])) << i;
+      std::fill(low.begin(), low.end(), 0xFFFF);
+    }
     for (int i = 0; i < n; ++i) {
-      M[i] = b1 * M[i] + (1 - b1) * g[i];
-      V2[i] = b2 * V2[i] + (1 - b2) * g[i] * g[i];
+      const double gs = g[i] * scale;
+      M[i] = b1 * M[i] + (1 - b1) * gs;
+      V2[i] = b2 * V2[i] + (1 - b2) * gs * gs;
       const double mh = M[i] / (1 - std::pow(b1, step)), vh = V2[i] / (1 - std::pow(b2, step));
       P[i] = P[i] * (1 - lr * wd) - lr * mh / (std::sqrt(vh) + eps);
     }

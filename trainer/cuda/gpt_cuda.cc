@@ -78,7 +78,13 @@ BF16GptModel::BF16GptModel(const ckpt::ModelLayout& layout, ParamStore* params,
                     // up to 2 GiB of bf16 logits at a time
                     : std::clamp<int64_t>((int64_t{1} << 30) / vocab_l_, 1, n_);
 
-  w16_ = Alloc<bf16>(params_->size());
+  if (params_->bf16_copy() == nullptr) {
+    w16_ = Alloc<bf16>(params_->size());
+    params_->set_bf16_copy(reinterpret_cast<uint16_t*>(w16_));
+    owns_w16_ = true;
+  } else {
+    w16_ = reinterpret_cast<bf16*>(params_->bf16_copy());
+  }
   auto w16 = [&](const std::string& name) -> const bf16* {
     const float* q = params_->Param(name);
     return q ? w16_ + (q - params_->data()) : nullptr;
@@ -161,31 +167,21 @@ BF16GptModel::BF16GptModel(const ckpt::ModelLayout& layout, ParamStore* params,
   attn_workspace_ = Alloc<char>(attention_->workspace_bytes());
 
   NcclCommunicator* dp = AsNccl(opt_.dp);
-  if (opt_.overlap_grad_reduce && dp != nullptr && dp->size() > 1) {
-    // This chunk's tensors only: its layers, and the embeddings (first stage) or the final norm
-    // and output layer (last stage).
-    std::vector<std::pair<size_t, size_t>> ranges(layers_.size(), {SIZE_MAX, 0}), end;
-    for (const ParamView& v : params_->views()) {
-      int layer = -1;
-      if (std::sscanf(v.name.c_str(), "decoder.layers.%d.", &layer) == 1) {
-        if (layer < first_layer_ || layer >= last_layer()) continue;
-        auto& r = ranges[layer - first_layer_];
-        r.first = std::min(r.first, v.offset);
-        r.second = std::max(r.second, v.offset + v.numel);
-      } else if ((first_stage_ && v.name.rfind("embedding.", 0) == 0) ||
-                 (last_stage_ && v.name.rfind("embedding.", 0) != 0)) {
-        end.push_back({v.offset, v.offset + v.numel});
-      }
-    }
-    reducer_ = std::make_unique<GradReducer>(
-        dp, params_->grad(),
-        GradReducer::Plan(ranges, end, static_cast<size_t>(opt_.bucket_elements)));
+  if (dp != nullptr && dp->size() > 1) {
+    GradReducer::Options ro;
+    ro.overlap_grad_reduce = opt_.overlap_grad_reduce;
+    ro.distributed = opt_.distributed_optimizer;
+    ro.overlap_param_gather = opt_.overlap_param_gather;
+    reducer_ = std::make_unique<GradReducer>(dp, params_->grad(), params_->data(), w16_,
+                                             opt_.dp_buckets, ro);
   }
   LT_CUDA_CHECK(cudaStreamSynchronize(MainStream()));
 }
 
 BF16GptModel::~BF16GptModel() {
   cudaStreamSynchronize(MainStream());
+  reducer_.reset();
+  if (owns_w16_) params_->set_bf16_copy(nullptr);
   for (void* q : allocations_) cudaFree(q);
   for (const auto& s : slots_) {
     if (!s) continue;
@@ -285,7 +281,17 @@ void BF16GptModel::BeginStep() {
     }
   }
   backwards_this_step_ = 0;
-  ConvertFromFloat<bf16>(w16_, params_->data(), params_->size(), MainStream());
+  // The bf16 copy: converted anew after a rewrite of the fp32 weights (the first chunk does it for
+  // all); after optimizer steps AdamW has written it for what this rank stepped, and with the
+  // distributed optimizer the other ranks' parts are gathered (each chunk its buckets).
+  if (params_->weights_version() != w16_version_) {
+    if (params_->weights_rewritten() > w16_version_) {
+      if (owns_w16_) ConvertFromFloat<bf16>(w16_, params_->data(), params_->size(), MainStream());
+    } else if (reducer_ != nullptr) {
+      reducer_->GatherParams();
+    }
+    w16_version_ = params_->weights_version();
+  }
   if (loss_sum_ != nullptr)
     LT_CUDA_CHECK(cudaMemsetAsync(loss_sum_, 0, sizeof(double), MainStream()));
   loss_pending_ = false;
@@ -355,6 +361,11 @@ float BF16GptModel::Forward(int slot, const MicroBatch& mb, const float* input) 
   LT_CUDA_CHECK(cudaMemcpyAsync(s.labels, s.host_ids + n_, n_ * sizeof(int32_t),
                                 cudaMemcpyHostToDevice, MainStream()));
   LT_CUDA_CHECK(cudaEventRecord(s.ids_copied, MainStream()));
+  // Weights still being gathered from the other DP ranks: each waited for just before its use.
+  auto wait_params = [&](int layer) {
+    if (reducer_ != nullptr) reducer_->WaitParams(layer);
+  };
+  wait_params(-1);
   if (first_stage_) {
     prof_.Begin("embedding fwd");
     // Vocabulary-parallel lookup: each rank fills the rows whose ids it owns, the rest zero.
@@ -371,6 +382,7 @@ float BF16GptModel::Forward(int slot, const MicroBatch& mb, const float* input) 
   const int num_layers = static_cast<int>(layers_.size());
   if (num_layers > 0) {
     const Weights& w = layers_[0];
+    wait_params(0);
     NormGather(s.acts[0].ln1, s.acts[0].ln1_mean, s.acts[0].ln1_rstd, nullptr, s.x[0], nullptr,
                w.ln1_w, w.ln1_b, Drop(s, -1, 0), /*gather=*/false);
   }
@@ -378,6 +390,7 @@ float BF16GptModel::Forward(int slot, const MicroBatch& mb, const float* input) 
     LayerForward(s, l);
     if (l + 1 < num_layers) {
       const Weights& next = layers_[l + 1];
+      wait_params(l + 1);
       ResidualNorm(s, l, s.acts[l + 1].ln1, s.acts[l + 1].ln1_mean, s.acts[l + 1].ln1_rstd,
                    next.ln1_w, next.ln1_b, /*gather=*/false);
     } else if (last_stage_) {
@@ -522,8 +535,10 @@ void BF16GptModel::LayerBackward(Slot& s, int l) {
 std::string BF16GptModel::TimeReport() const {
   if (reducer_ == nullptr || measured_steps_ == 0) return {};
   return absl::StrFormat(
-      "data-parallel gradient all-reduce overlapped with the backward: %.1f ms per step from "
-      "the first bucket to the last, %.1f ms of it exposed (the backward had finished)",
+      "data-parallel gradient %s %s: %.1f ms per step from the first bucket to the last, %.1f ms "
+      "of it exposed (the backward had finished)",
+      opt_.distributed_optimizer ? "reduce-scatter" : "all-reduce",
+      opt_.overlap_grad_reduce ? "overlapped with the backward" : "after the backward",
       comm_ms_ / measured_steps_, exposed_ms_ / measured_steps_);
 }
 

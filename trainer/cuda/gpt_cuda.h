@@ -35,15 +35,18 @@ struct BF16Options {
   bool recompute_gelu = false;
   // Rows of logits materialised at a time (0: as many as 2 GiB of bf16 logits hold).
   int64_t logits_chunk_rows = 0;
-  // Data parallelism: with overlap_grad_reduce (and an NCCL dp group of more than one rank) the
-  // model all-reduces the gradient in buckets during the last micro-batch's backward, and the
-  // optimizer only averages.
+  // Data parallelism over an NCCL dp group of more than one rank: the model sums the gradient over
+  // it in this chunk's buckets (PlanDpBuckets) on the last micro-batch, during the backward with
+  // overlap_grad_reduce, after it otherwise; with the distributed optimizer only into the parts
+  // this rank steps, and it gathers the stepped parts before the next forward (per layer with
+  // overlap_param_gather). The optimizer then averages and steps.
   Communicator* dp = nullptr;
+  std::vector<DpBucket> dp_buckets;
+  bool distributed_optimizer = false, overlap_param_gather = false;
   // Tensor parallelism (an NCCL group; null or of size one without) and where this chunk sits.
   Communicator* tp = nullptr;
   int pp_rank = 0, virtual_chunk = 0;
   bool overlap_grad_reduce = false;
-  int64_t bucket_elements = 40000000;
   int num_micro_batches = 1;
 };
 

@@ -29,6 +29,7 @@ class BF16GptModel : public StageModel {
   bool last_stage() const override { return last_stage_; }
   int first_layer() const override { return first_layer_; }
   int last_layer() const override { return first_layer_ + static_cast<int>(layers_.size()); }
+  bool reduces_data_parallel() const override { return reducer_ != nullptr; }
   int64_t hidden_rows() const override { return rows_l_; }
   // Stage messages are bf16 [rows, h]: counted in floats, as the schedule sends them.
   int64_t hidden_size() const override { return h_ / 2; }
@@ -181,7 +182,12 @@ class BF16GptModel : public StageModel {
   std::vector<void*> allocations_;
   int64_t activation_bytes_ = 0;
 
-  bf16* w16_ = nullptr;  // bf16 copy of the whole flat parameter buffer
+  // bf16 copy of the whole flat parameter buffer, shared by the chunks of a stage (the first one
+  // allocates it; the optimizer keeps it in step); converted anew after the fp32 weights were
+  // rewritten, gathered from the other DP ranks after a distributed-optimizer step.
+  bf16* w16_ = nullptr;
+  bool owns_w16_ = false;
+  uint64_t w16_version_ = 0;  // ParamStore::weights_version() it reflects
   const float *wte_ = nullptr, *wpe_ = nullptr, *lnf_w_ = nullptr, *lnf_b_ = nullptr;
   const bf16* out_w16_ = nullptr;
   float *d_wte_ = nullptr, *d_wpe_ = nullptr, *d_lnf_w_ = nullptr, *d_lnf_b_ = nullptr,

@@ -7,14 +7,19 @@
 
 namespace leantron::trainer::cuda {
 
-GradReducer::GradReducer(NcclCommunicator* dp, float* grad, std::vector<Bucket> buckets)
-    : dp_(dp), grad_(grad), buckets_(std::move(buckets)) {
+GradReducer::GradReducer(NcclCommunicator* dp, float* grad, float* data, bf16* low,
+                         std::vector<DpBucket> buckets, const Options& options)
+    : dp_(dp), grad_(grad), data_(data), low_(low), buckets_(std::move(buckets)), opt_(options) {
   int priority_low = 0, priority_high = 0;
   LT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&priority_low, &priority_high));
   LT_CUDA_CHECK(cudaStreamCreateWithPriority(&comm_, cudaStreamNonBlocking, priority_high));
   for (cudaEvent_t* e : {&comm_start_, &compute_done_, &comm_done_})
     LT_CUDA_CHECK(cudaEventCreate(e));
   LT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+  gathered_.resize(buckets_.size());
+  for (cudaEvent_t& e : gathered_)
+    LT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  gather_pending_.assign(buckets_.size(), false);
   const char* ce = std::getenv("LEANTRON_DP_COPY_ENGINE");
   if (dp_->size() == 2 && (ce == nullptr || ce[0] != '0')) {
     exchange_ = PeerExchange::Create(dp_, (kPieceElements / 2 + 1) * sizeof(float));
@@ -24,55 +29,39 @@ GradReducer::GradReducer(NcclCommunicator* dp, float* grad, std::vector<Bucket> 
 GradReducer::~GradReducer() {
   cudaStreamSynchronize(comm_);
   for (cudaEvent_t e : {ready_, comm_start_, compute_done_, comm_done_}) cudaEventDestroy(e);
+  for (cudaEvent_t e : gathered_) cudaEventDestroy(e);
   cudaStreamDestroy(comm_);
 }
 
-std::vector<GradReducer::Bucket> GradReducer::Plan(
-    const std::vector<std::pair<size_t, size_t>>& layer_ranges,
-    const std::vector<std::pair<size_t, size_t>>& end_ranges, size_t bucket_elements) {
-  std::vector<Bucket> out;
-  // From the last layer down (the backward's order), merging neighbours up to the bucket size.
-  Bucket cur;
-  for (int l = static_cast<int>(layer_ranges.size()) - 1; l >= 0; --l) {
-    const auto [first, last] = layer_ranges[l];
-    if (first >= last) continue;
-    if (cur.numel > 0 && cur.offset != last) {  // not adjacent: close the open bucket
-      out.push_back(cur);
-      cur = Bucket{};
-    }
-    cur.numel = cur.numel == 0 ? last - first : cur.numel + (cur.offset - first);
-    cur.offset = first;
-    cur.ready_after_layer = l;
-    if (cur.numel >= bucket_elements) {
-      out.push_back(cur);
-      cur = Bucket{};
-    }
-  }
-  if (cur.numel > 0) out.push_back(cur);
-  std::vector<std::pair<size_t, size_t>> rest(end_ranges);
-  std::sort(rest.begin(), rest.end());
-  for (const auto& [first, last] : rest) {
-    if (!out.empty() && out.back().ready_after_layer < 0 &&
-        out.back().offset + out.back().numel == first) {
-      out.back().numel += last - first;
-    } else {
-      out.push_back({first, last - first, -1});
-    }
-  }
-  return out;
-}
-
-void GradReducer::Launch(const Bucket& b) {
+void GradReducer::Launch(const DpBucket& b) {
   LT_CUDA_CHECK(cudaEventRecord(ready_, MainStream()));
   LT_CUDA_CHECK(cudaStreamWaitEvent(comm_, ready_, 0));
   if (!started_) {
     LT_CUDA_CHECK(cudaEventRecord(comm_start_, comm_));
     started_ = true;
   }
-  if (exchange_ != nullptr) {
-    CopyEngineAllReduce(grad_ + b.offset, b.numel);
+  const int size = dp_->size();
+  if (!opt_.distributed) {
+    if (exchange_ != nullptr) {
+      CopyEngineAllReduce(grad_ + b.offset, b.numel);
+    } else {
+      dp_->AllReduce(grad_ + b.offset, b.numel, CommType::kF32, comm_);
+    }
+  } else if (exchange_ != nullptr) {
+    CopyEngineReduceScatter(b);
   } else {
-    dp_->AllReduce(grad_ + b.offset, b.numel, CommType::kF32, comm_);
+    // Reduce-scatter into parts of unequal length: one reduce per part, rooted at its owner.
+    dp_->Enqueue("ReduceScatter", comm_, [&](ncclComm_t c) {
+      ncclResult_t r = ncclGroupStart();
+      for (int q = 0; q < size && r == ncclSuccess; ++q) {
+        const auto [first, last] = b.Part(q, size);
+        if (first < last)
+          r = ncclReduce(grad_ + first, grad_ + first, last - first, ncclFloat32, ncclSum, q, c,
+                         comm_);
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return r != ncclSuccess ? r : end;
+    });
   }
 }
 
@@ -99,16 +88,39 @@ void GradReducer::CopyEngineAllReduce(float* data, size_t n) {
   exchange_->WaitSent(comm_);
 }
 
+// The bucket's two parts (DpBucket::Part) in rounds of half a piece: send a run of the peer's
+// part, add the peer's run of this rank's part into it. Nothing is sent back.
+void GradReducer::CopyEngineReduceScatter(const DpBucket& b) {
+  const int rank = dp_->rank(), peer = 1 - rank;
+  const auto [mine_first, mine_last] = b.Part(rank, 2);
+  const auto [peer_first, peer_last] = b.Part(peer, 2);
+  const size_t mine = mine_last - mine_first, theirs = peer_last - peer_first;
+  const size_t run = kPieceElements / 2;
+  for (size_t at = 0; at < std::max(mine, theirs); at += run) {
+    if (at < theirs) {
+      exchange_->Send(grad_ + peer_first + at, std::min(run, theirs - at) * sizeof(float), comm_);
+    }
+    if (at < mine) {
+      float* dst = grad_ + mine_first + at;
+      const size_t len = std::min(run, mine - at);
+      exchange_->Receive(
+          [&](const void* inbox) { AddInPlace(dst, static_cast<const float*>(inbox), len, comm_); },
+          comm_);
+    }
+  }
+  exchange_->WaitSent(comm_);
+}
+
 void GradReducer::LayerDone(int layer) {
-  if (!active_) return;
-  for (const Bucket& b : buckets_)
-    if (b.ready_after_layer == layer) Launch(b);
+  if (!active_ || !opt_.overlap_grad_reduce) return;
+  for (const DpBucket& b : buckets_)
+    if (b.first_layer >= 0 && b.first_layer == layer) Launch(b);
 }
 
 void GradReducer::BackwardDone() {
   if (!active_) return;
-  for (const Bucket& b : buckets_)
-    if (b.ready_after_layer < 0) Launch(b);
+  for (const DpBucket& b : buckets_)
+    if (b.first_layer < 0 || !opt_.overlap_grad_reduce) Launch(b);
   LT_CUDA_CHECK(cudaEventRecord(compute_done_, MainStream()));
   LT_CUDA_CHECK(cudaEventRecord(comm_done_, comm_));
   LT_CUDA_CHECK(cudaStreamWaitEvent(MainStream(), comm_done_, 0));
@@ -126,6 +138,84 @@ void GradReducer::LastStep(double* comm_ms, double* exposed_ms) {
   LT_CUDA_CHECK(cudaEventElapsedTime(&exposed, compute_done_, comm_done_));
   *comm_ms = total;
   *exposed_ms = std::max(0.0f, exposed);
+}
+
+// Each part goes from its owner to the others in fp32 (the weights stay whole on every rank, as
+// checkpoints and the fp32 norms and embeddings need); what arrives is rounded into the bf16 copy,
+// which the owner's AdamW has already written for its own part.
+void GradReducer::Gather(const DpBucket& b) {
+  const int rank = dp_->rank(), size = dp_->size();
+  if (exchange_ != nullptr) {
+    const int peer = 1 - rank;
+    const auto [mine_first, mine_last] = b.Part(rank, 2);
+    const auto [peer_first, peer_last] = b.Part(peer, 2);
+    const size_t mine = mine_last - mine_first, theirs = peer_last - peer_first;
+    const size_t run = kPieceElements / 2;
+    for (size_t at = 0; at < std::max(mine, theirs); at += run) {
+      if (at < mine) {
+        exchange_->Send(data_ + mine_first + at, std::min(run, mine - at) * sizeof(float), comm_);
+      }
+      if (at < theirs) {
+        const size_t len = std::min(run, theirs - at);
+        exchange_->Receive(data_ + peer_first + at, len * sizeof(float), comm_);
+        ConvertFromFloat<bf16>(low_ + peer_first + at, data_ + peer_first + at, len, comm_);
+      }
+    }
+    exchange_->WaitSent(comm_);
+    return;
+  }
+  dp_->Enqueue("Broadcast", comm_, [&](ncclComm_t c) {
+    ncclResult_t r = ncclGroupStart();
+    for (int q = 0; q < size && r == ncclSuccess; ++q) {
+      const auto [first, last] = b.Part(q, size);
+      if (first < last)
+        r = ncclBroadcast(data_ + first, data_ + first, last - first, ncclFloat32, q, c, comm_);
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    return r != ncclSuccess ? r : end;
+  });
+  for (int q = 0; q < size; ++q) {
+    const auto [first, last] = b.Part(q, size);
+    if (q != rank && first < last)
+      ConvertFromFloat<bf16>(low_ + first, data_ + first, last - first, comm_);
+  }
+}
+
+void GradReducer::GatherParams() {
+  if (!opt_.distributed) return;
+  LT_CUDA_CHECK(cudaEventRecord(ready_, MainStream()));
+  LT_CUDA_CHECK(cudaStreamWaitEvent(comm_, ready_, 0));
+  // The forward's order: the embeddings (and head) first, then the layers from the lowest up.
+  std::vector<size_t> order(buckets_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const int la = buckets_[a].first_layer, lb = buckets_[b].first_layer;
+    return la < lb;  // -1 (embeddings, head) first
+  });
+  for (size_t i : order) {
+    Gather(buckets_[i]);
+    LT_CUDA_CHECK(cudaEventRecord(gathered_[i], comm_));
+    gather_pending_[i] = true;
+  }
+  if (!opt_.overlap_param_gather) {
+    for (size_t i = 0; i < buckets_.size(); ++i) {
+      LT_CUDA_CHECK(cudaStreamWaitEvent(MainStream(), gathered_[i], 0));
+      gather_pending_[i] = false;
+    }
+  }
+}
+
+void GradReducer::WaitParams(int layer) {
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    if (!gather_pending_[i]) continue;
+    const DpBucket& b = buckets_[i];
+    const bool needed = layer < 0
+                            ? b.first_layer < 0
+                            : b.first_layer >= 0 && b.first_layer <= layer && layer <= b.last_layer;
+    if (!needed) continue;
+    LT_CUDA_CHECK(cudaStreamWaitEvent(MainStream(), gathered_[i], 0));
+    gather_pending_[i] = false;
+  }
 }
 
 }  // namespace leantron::trainer::cuda

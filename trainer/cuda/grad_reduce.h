@@ -1,11 +1,17 @@
-// Data-parallel gradient reduction overlapped with the backward (--overlap-grad-reduce): the flat
-// fp32 gradient is cut into buckets of consecutive layers; on the step's last micro-batch each
-// bucket's all-reduce starts on a communication stream as soon as the backward has finished the
-// lowest layer in it, while the backward goes on with the layers below. The compute stream waits
-// for the last bucket only when the backward is done. The time it waits is the exposed part of the
-// communication, measured with events and reported per step. Two data-parallel ranks of one node
-// reduce by copy engine (PeerExchange: each rank sums one half and copies the other half back;
-// LEANTRON_DP_COPY_ENGINE=0 uses NCCL), so the backward keeps every SM.
+// Data-parallel communication of the bf16 model, on a communication stream beside the compute:
+//   gradients: the flat fp32 gradient is reduced bucket by bucket (trainer/params.h DpBucket) on
+//   the step's last micro-batch; with --overlap-grad-reduce each bucket as soon as the backward
+//   has finished the lowest layer in it, while the backward goes on with the layers below,
+//   otherwise all at the end. Summed everywhere (all-reduce), or with the distributed optimizer
+//   only into the part of each bucket this rank owns (reduce-scatter). The compute stream waits
+//   for the last bucket only when the backward is done; that wait is the exposed part of the
+//   communication, measured with events and reported per step.
+//   parameters (distributed optimizer): after the step every rank holds its parts of the fp32
+//   weights (and of the bf16 copy) stepped; GatherParams sends them to the other ranks, buckets
+//   in the forward's order, converting what arrives to bf16, and WaitParams makes the forward
+//   wait for a layer's bucket only (--overlap-param-gather), or for all of them at once.
+// Two data-parallel ranks of one node move the data by copy engine (PeerExchange; no SM taken
+// from the compute except for the additions; LEANTRON_DP_COPY_ENGINE=0 uses NCCL).
 #pragma once
 
 #include <cstdint>
@@ -14,46 +20,57 @@
 #include "trainer/cuda/cuda_util.h"
 #include "trainer/cuda/peer_exchange.h"
 #include "trainer/dist/nccl_comm.h"
+#include "trainer/params.h"
 
 namespace leantron::trainer::cuda {
 
 class GradReducer {
  public:
-  struct Bucket {
-    size_t offset = 0, numel = 0;  // a contiguous range of the flat gradient
-    int ready_after_layer = -1;    // launched after this layer's backward; -1: at the end
+  struct Options {
+    bool overlap_grad_reduce = false;
+    bool distributed = false;           // reduce-scatter gradients, gather parameters
+    bool overlap_param_gather = false;  // wait per layer in the forward
   };
-  GradReducer(NcclCommunicator* dp, float* grad, std::vector<Bucket> buckets);
+  // `grad`, `data` and `low` (the bf16 copy) are the flat buffers the buckets index.
+  GradReducer(NcclCommunicator* dp, float* grad, float* data, bf16* low,
+              std::vector<DpBucket> buckets, const Options& options);
   ~GradReducer();
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
 
-  // Buckets over `layer_ranges` (layer l's parameters are flat [first, second)), cut at about
-  // `bucket_elements`, plus `end_ranges` (embeddings, final norm, output layer) reduced when the
-  // backward is done.
-  static std::vector<Bucket> Plan(const std::vector<std::pair<size_t, size_t>>& layer_ranges,
-                                  const std::vector<std::pair<size_t, size_t>>& end_ranges,
-                                  size_t bucket_elements);
-
   void BeginBackward(bool last_micro_batch) { active_ = last_micro_batch; }
   void LayerDone(int layer);
   void BackwardDone();
-  // Milliseconds of the last step: all-reduce time on the communication stream, and how long the
+  // Milliseconds of the last step: reduction time on the communication stream, and how long the
   // compute stream had to wait for it after the backward (call after the step has finished).
   void LastStep(double* comm_ms, double* exposed_ms);
 
+  // Distributed optimizer: starts gathering the stepped parts (after the work on the compute
+  // stream so far); without overlap the compute stream waits for all of it at once.
+  void GatherParams();
+  // The compute stream waits for the gathered weights of chunk layer `layer`, or with layer < 0
+  // for the embeddings, final norm and output layer. Nothing once the step's forward has them.
+  void WaitParams(int layer);
+
  private:
-  void Launch(const Bucket& b);
+  void Launch(const DpBucket& b);
   void CopyEngineAllReduce(float* data, size_t n);
+  void CopyEngineReduceScatter(const DpBucket& b);
+  void Gather(const DpBucket& b);
   NcclCommunicator* dp_;
   float* grad_;
-  std::vector<Bucket> buckets_;
+  float* data_;
+  bf16* low_;
+  std::vector<DpBucket> buckets_;
+  Options opt_;
   bool active_ = false;
   bool measured_ = false;
   cudaStream_t comm_ = nullptr;
   cudaEvent_t ready_ = nullptr, comm_start_ = nullptr, compute_done_ = nullptr,
               comm_done_ = nullptr;
   bool started_ = false;
+  std::vector<cudaEvent_t> gathered_;  // per bucket
+  std::vector<bool> gather_pending_;   // per bucket: not waited for yet this step
   std::unique_ptr<PeerExchange> exchange_;
   // Elements reduced per copy-engine round (the inbox holds half of it twice: 64 MiB each).
   static constexpr size_t kPieceElements = size_t{32} << 20;

@@ -125,9 +125,11 @@ void CrossEntropyShardFinish(float* losses, T* logits, const int32_t* targets,
                              int64_t vocab_local, int64_t vocab_begin, float grad_scale,
                              cudaStream_t s);
 
-// torch.optim.AdamW's formula, as CpuOps::AdamWStep.
+// torch.optim.AdamW's formula, as CpuOps::AdamWStep (gradient times grad_scale; the updated
+// weights also rounded into `bf16_out` unless null).
 void AdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n, float lr,
-           float beta1, float beta2, float eps, float weight_decay, int64_t step, cudaStream_t s);
+           float beta1, float beta2, float eps, float weight_decay, int64_t step, float grad_scale,
+           bf16* bf16_out, cudaStream_t s);
 
 // Σ x² accumulated in double (deterministic), returned on the host (synchronises s); NaN/Inf
 // propagate.
@@ -138,6 +140,11 @@ size_t SumSquaresScratchBytes(size_t n);
 
 void Scale(float* p, size_t n, float factor, cudaStream_t s);
 void AddInPlace(float* a, const float* b, size_t n, cudaStream_t s);  // a += b
+// Loads the kernels that run between two ranks' stream waits on each other (AddInPlace, and
+// ConvertFromFloat<bf16> for gathered weights) now:
+// under lazy loading (CUDA's default) a kernel's first launch may wait for the whole device,
+// which never idles while its streams wait for a peer blocked the same way.
+void LoadPeerExchangeKernels();
 void AddBias(float* out, const float* bias, int64_t rows, int64_t cols, cudaStream_t s);
 
 // Rotary embedding (rotate-half) of the queries and keys of qkv in Megatron-Core's grouped

@@ -239,6 +239,12 @@ void AddInPlace(float* a, const float* b, size_t n, cudaStream_t s) {
   LaunchMap<4>(AddOp{a, b}, n, Aligned16(a) && Aligned16(b), s);
 }
 
+void LoadPeerExchangeKernels() {
+  cudaFuncAttributes attributes;
+  LT_CUDA_CHECK(cudaFuncGetAttributes(&attributes, MapKernel<4, AddOp>));
+  LT_CUDA_CHECK(cudaFuncGetAttributes(&attributes, MapKernel<kVec<bf16>, ConvertOp<bf16>>));
+}
+
 void AddBias(float* out, const float* bias, int64_t rows, int64_t cols, cudaStream_t s) {
   const bool vec = cols % 4 == 0 && Aligned16(out) && Aligned16(bias);
   LaunchMap<4>(AddBiasOp{out, bias, cols}, static_cast<size_t>(rows * cols), vec, s);

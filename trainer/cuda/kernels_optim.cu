@@ -10,12 +10,14 @@ namespace leantron::trainer::cuda {
 namespace {
 using namespace detail;
 
+template <bool kBf16Out>
 struct AdamWOp {
   float* param;
   const float* grad;
   float* exp_avg;
   float* exp_avg_sq;
-  float beta1, beta2, eps, step_size, bc2_sqrt, decay;
+  bf16* bf16_out;
+  float beta1, beta2, eps, step_size, bc2_sqrt, decay, grad_scale;
   template <int W>
   __device__ void Apply(size_t i) const {
     float p[W], g[W], m[W], v[W];
@@ -25,6 +27,7 @@ struct AdamWOp {
     Load<W>(v, exp_avg_sq + i);
 #pragma unroll
     for (int j = 0; j < W; ++j) {
+      g[j] *= grad_scale;
       m[j] = beta1 * m[j] + (1.0f - beta1) * g[j];
       v[j] = beta2 * v[j] + (1.0f - beta2) * g[j] * g[j];
       const float denom = sqrtf(v[j]) / bc2_sqrt + eps;
@@ -33,6 +36,7 @@ struct AdamWOp {
     Store<W>(param + i, p);
     Store<W>(exp_avg + i, m);
     Store<W>(exp_avg_sq + i, v);
+    if constexpr (kBf16Out) Store<W>(bf16_out + i, p);
   }
 };
 
@@ -56,7 +60,8 @@ size_t ReduceTempBytes(size_t n) {
 }  // namespace
 
 void AdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n, float lr,
-           float beta1, float beta2, float eps, float weight_decay, int64_t step, cudaStream_t s) {
+           float beta1, float beta2, float eps, float weight_decay, int64_t step, float grad_scale,
+           bf16* bf16_out, cudaStream_t s) {
   // The step constants exactly as CpuOps::AdamWStep computes them.
   const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step));
@@ -65,9 +70,15 @@ void AdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, s
   const float decay = 1.0f - lr * weight_decay;
   const bool vec =
       Aligned16(param) && Aligned16(grad) && Aligned16(exp_avg) && Aligned16(exp_avg_sq);
-  LaunchMap<4>(
-      AdamWOp{param, grad, exp_avg, exp_avg_sq, beta1, beta2, eps, step_size, bc2_sqrt, decay}, n,
-      vec, s);
+  if (bf16_out != nullptr) {
+    LaunchMap<4>(AdamWOp<true>{param, grad, exp_avg, exp_avg_sq, bf16_out, beta1, beta2, eps,
+                               step_size, bc2_sqrt, decay, grad_scale},
+                 n, vec, s);
+  } else {
+    LaunchMap<4>(AdamWOp<false>{param, grad, exp_avg, exp_avg_sq, nullptr, beta1, beta2, eps,
+                                step_size, bc2_sqrt, decay, grad_scale},
+                 n, vec, s);
+  }
 }
 
 double SumSquares(const float* x, size_t n, Scratch scratch, cudaStream_t s) {

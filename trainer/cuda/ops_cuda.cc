@@ -244,9 +244,10 @@ class CudaOps final : public Ops {
   }
 
   void AdamWStep(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n,
-                 float lr, float beta1, float beta2, float eps, float weight_decay,
-                 int64_t step) override {
-    AdamW(param, grad, exp_avg, exp_avg_sq, n, lr, beta1, beta2, eps, weight_decay, step, stream());
+                 float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step,
+                 float grad_scale, uint16_t* bf16_out) override {
+    AdamW(param, grad, exp_avg, exp_avg_sq, n, lr, beta1, beta2, eps, weight_decay, step,
+          grad_scale, reinterpret_cast<bf16*>(bf16_out), stream());
   }
 
  private:

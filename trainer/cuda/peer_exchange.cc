@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "trainer/cuda/kernels.h"
+
 namespace leantron::trainer::cuda {
 namespace {
 
@@ -123,6 +125,7 @@ std::unique_ptr<PeerExchange> PeerExchange::Create(NcclCommunicator* group, size
   LT_CUDA_CHECK(cudaFree(dev));
   if (!usable || failed != 0.0f) return nullptr;  // the destructor closes what was opened
 
+  LoadPeerExchangeKernels();
   int least = 0, greatest = 0;
   LT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   LT_CUDA_CHECK(cudaStreamCreateWithPriority(&x->copy_, cudaStreamNonBlocking, greatest));
