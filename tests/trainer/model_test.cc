@@ -233,6 +233,15 @@ TEST(DpBucketTest, PlansTileTheBufferAndPartsTileTheBuckets) {
         }
       }
       EXPECT_EQ(expect_layer, -1) << "every layer of the chunk in a bucket";
+      // The tied word embedding (first stage) and its output-layer copy (last stage) are buckets
+      // of their own, so that both copies are cut into the same parts.
+      for (const char* tied : {"embedding.word_embeddings.weight", "output_layer.weight"}) {
+        const ParamView* t = params.Find(tied);
+        if (t == nullptr || !saw_end) continue;
+        int alone = 0;
+        for (const DpBucket& b : plan) alone += b.offset == t->offset && b.numel == t->numel;
+        EXPECT_EQ(alone, 1) << tied << " on stage " << pp;
+      }
       EXPECT_EQ(saw_end, (pp == 0 && v == 0) || (pp == 1 && v == 1));
     }
     for (size_t i = 0; i < covered.size(); ++i) ASSERT_EQ(covered[i], 1) << "element " << i;

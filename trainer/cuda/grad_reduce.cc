@@ -2,17 +2,35 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
 
 #include "trainer/cuda/kernels.h"
 
 namespace leantron::trainer::cuda {
+namespace {
+
+std::shared_ptr<cudaStream_t> SharedStream(NcclCommunicator* group) {
+  static std::map<NcclCommunicator*, std::weak_ptr<cudaStream_t>> streams;
+  if (std::shared_ptr<cudaStream_t> s = streams[group].lock()) return s;
+  int priority_low = 0, priority_high = 0;
+  LT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&priority_low, &priority_high));
+  auto s = std::shared_ptr<cudaStream_t>(new cudaStream_t(nullptr), [](cudaStream_t* p) {
+    cudaStreamSynchronize(*p);
+    cudaStreamDestroy(*p);
+    delete p;
+  });
+  LT_CUDA_CHECK(cudaStreamCreateWithPriority(s.get(), cudaStreamNonBlocking, priority_high));
+  streams[group] = s;
+  return s;
+}
+
+}  // namespace
 
 GradReducer::GradReducer(NcclCommunicator* dp, float* grad, float* data, bf16* low,
                          std::vector<DpBucket> buckets, const Options& options)
     : dp_(dp), grad_(grad), data_(data), low_(low), buckets_(std::move(buckets)), opt_(options) {
-  int priority_low = 0, priority_high = 0;
-  LT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&priority_low, &priority_high));
-  LT_CUDA_CHECK(cudaStreamCreateWithPriority(&comm_, cudaStreamNonBlocking, priority_high));
+  stream_ = SharedStream(dp_);
+  comm_ = *stream_;
   for (cudaEvent_t* e : {&comm_start_, &compute_done_, &comm_done_})
     LT_CUDA_CHECK(cudaEventCreate(e));
   LT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
@@ -30,7 +48,6 @@ GradReducer::~GradReducer() {
   cudaStreamSynchronize(comm_);
   for (cudaEvent_t e : {ready_, comm_start_, compute_done_, comm_done_}) cudaEventDestroy(e);
   for (cudaEvent_t e : gathered_) cudaEventDestroy(e);
-  cudaStreamDestroy(comm_);
 }
 
 void GradReducer::Launch(const DpBucket& b) {

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "trainer/cuda/cuda_util.h"
@@ -65,6 +66,10 @@ class GradReducer {
   Options opt_;
   bool active_ = false;
   bool measured_ = false;
+  // One communication stream per DP group, shared by the model chunks' reducers: NCCL calls on
+  // one communicator must run in the order every rank issued them, which two streams would not
+  // guarantee.
+  std::shared_ptr<cudaStream_t> stream_;
   cudaStream_t comm_ = nullptr;
   cudaEvent_t ready_ = nullptr, comm_start_ = nullptr, compute_done_ = nullptr,
               comm_done_ = nullptr;
