@@ -24,6 +24,20 @@ std::shared_ptr<cudaStream_t> SharedStream(NcclCommunicator* group) {
   return s;
 }
 
+// Rounds over a bucket's two parts (DpBucket::Part), runs of at most `run` elements: send(first,
+// len) for a run of the part of rank `from`, then receive(first, len) for the same run of the
+// other part (which the peer sends in that round).
+template <typename Send, typename Receive>
+void PartRounds(const DpBucket& b, int from, size_t run, Send&& send, Receive&& receive) {
+  const auto [send_first, send_last] = b.Part(from, 2);
+  const auto [recv_first, recv_last] = b.Part(1 - from, 2);
+  const size_t sends = send_last - send_first, receives = recv_last - recv_first;
+  for (size_t at = 0; at < std::max(sends, receives); at += run) {
+    if (at < sends) send(send_first + at, std::min(run, sends - at));
+    if (at < receives) receive(recv_first + at, std::min(run, receives - at));
+  }
+}
+
 }  // namespace
 
 GradReducer::GradReducer(NcclCommunicator* dp, float* grad, float* data, bf16* low,
@@ -108,23 +122,16 @@ void GradReducer::CopyEngineAllReduce(float* data, size_t n) {
 // The bucket's two parts (DpBucket::Part) in rounds of half a piece: send a run of the peer's
 // part, add the peer's run of this rank's part into it. Nothing is sent back.
 void GradReducer::CopyEngineReduceScatter(const DpBucket& b) {
-  const int rank = dp_->rank(), peer = 1 - rank;
-  const auto [mine_first, mine_last] = b.Part(rank, 2);
-  const auto [peer_first, peer_last] = b.Part(peer, 2);
-  const size_t mine = mine_last - mine_first, theirs = peer_last - peer_first;
-  const size_t run = kPieceElements / 2;
-  for (size_t at = 0; at < std::max(mine, theirs); at += run) {
-    if (at < theirs) {
-      exchange_->Send(grad_ + peer_first + at, std::min(run, theirs - at) * sizeof(float), comm_);
-    }
-    if (at < mine) {
-      float* dst = grad_ + mine_first + at;
-      const size_t len = std::min(run, mine - at);
-      exchange_->Receive(
-          [&](const void* inbox) { AddInPlace(dst, static_cast<const float*>(inbox), len, comm_); },
-          comm_);
-    }
-  }
+  PartRounds(
+      b, 1 - dp_->rank(), kPieceElements / 2,
+      [&](size_t first, size_t len) { exchange_->Send(grad_ + first, len * sizeof(float), comm_); },
+      [&](size_t first, size_t len) {
+        exchange_->Receive(
+            [&](const void* inbox) {
+              AddInPlace(grad_ + first, static_cast<const float*>(inbox), len, comm_);
+            },
+            comm_);
+      });
   exchange_->WaitSent(comm_);
 }
 
@@ -163,21 +170,15 @@ void GradReducer::LastStep(double* comm_ms, double* exposed_ms) {
 void GradReducer::Gather(const DpBucket& b) {
   const int rank = dp_->rank(), size = dp_->size();
   if (exchange_ != nullptr) {
-    const int peer = 1 - rank;
-    const auto [mine_first, mine_last] = b.Part(rank, 2);
-    const auto [peer_first, peer_last] = b.Part(peer, 2);
-    const size_t mine = mine_last - mine_first, theirs = peer_last - peer_first;
-    const size_t run = kPieceElements / 2;
-    for (size_t at = 0; at < std::max(mine, theirs); at += run) {
-      if (at < mine) {
-        exchange_->Send(data_ + mine_first + at, std::min(run, mine - at) * sizeof(float), comm_);
-      }
-      if (at < theirs) {
-        const size_t len = std::min(run, theirs - at);
-        exchange_->Receive(data_ + peer_first + at, len * sizeof(float), comm_);
-        ConvertFromFloat<bf16>(low_ + peer_first + at, data_ + peer_first + at, len, comm_);
-      }
-    }
+    PartRounds(
+        b, rank, kPieceElements / 2,
+        [&](size_t first, size_t len) {
+          exchange_->Send(data_ + first, len * sizeof(float), comm_);
+        },
+        [&](size_t first, size_t len) {
+          exchange_->Receive(data_ + first, len * sizeof(float), comm_);
+          ConvertFromFloat<bf16>(low_ + first, data_ + first, len, comm_);
+        });
     exchange_->WaitSent(comm_);
     return;
   }
