@@ -1,5 +1,6 @@
 """Two-GPU tests (device kind nvidia-h200-x2; scripts/device_check.sh multi): the bf16 model under
-DP2 (plain, overlapped gradient reduce, distributed optimizer), TP2, TP2+SP and PP2 (1F1B and
+DP2 (plain, overlapped gradient reduce, distributed optimizer with and without overlap; by copy
+engine and by NCCL), TP2, TP2+SP and PP2 (1F1B and
 interleaved) against one GPU within bf16 tolerance over 50 steps; the float32 model over NCCL
 (TP2+SP, interleaved PP2) against one GPU; resuming a checkpoint under another layout; and a
 killed rank stopping the other instead of hanging."""
@@ -75,18 +76,26 @@ LAYOUTS = {
     "dp2-distopt": ["--use-distributed-optimizer", "--overlap-grad-reduce",
                     "--overlap-param-gather"],
     "dp2-distopt-plain": ["--use-distributed-optimizer"],
+    # The same two, with NCCL moving the data instead of the copy engines (as for more than two
+    # ranks or several nodes): grouped reduces and broadcasts into and out of the owned parts.
+    "dp2-nccl": ["--overlap-grad-reduce"],
+    "dp2-distopt-nccl": ["--use-distributed-optimizer", "--overlap-grad-reduce",
+                         "--overlap-param-gather"],
     "tp2": ["--tensor-model-parallel-size", "2"],
     "tp2-sp": ["--tensor-model-parallel-size", "2", "--sequence-parallel"],
     "pp2": ["--pipeline-model-parallel-size", "2"],
     "pp2-interleaved": ["--pipeline-model-parallel-size", "2",
                         "--num-layers-per-virtual-pipeline-stage", "1"],
 }
+ENV = {"dp2-nccl": {"LEANTRON_DP_COPY_ENGINE": "0"},
+       "dp2-distopt-nccl": {"LEANTRON_DP_COPY_ENGINE": "0"}}
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_bf16_layouts_match_one_gpu(dataset, one_gpu_bf16, name):
     extra = LAYOUTS[name]
-    proc = run_train(common(dataset) + ["--bf16"] + extra, nproc=2)
+    proc = run_train(common(dataset) + ["--bf16"] + extra, nproc=2,
+                     env=dict(os.environ, **ENV.get(name, {})))
     got, valid = losses(proc)
     assert_close(got, one_gpu_bf16[0], 0.01, 0.02)
     for it, v in one_gpu_bf16[1].items():
