@@ -169,15 +169,24 @@ void Optimizer::GatherState(std::vector<float>* exp_avg, std::vector<float>* exp
     ops_->CopyToHost(exp_avg_sq->data(), exp_avg_sq_, n * sizeof(float));
     return;
   }
-  // Every rank places its parts in a zeroed whole-shard buffer; the sum over DP is the whole.
+  // A window of the flat order at a time (bounded extra device memory, as a save late in a run
+  // near the memory limit needs): every rank places its parts in the zeroed window, the sum over
+  // DP is the whole.
+  const size_t window = std::max<size_t>(1, std::min(n, opt_.gather_window));
+  float* buffer = ops_->Alloc(window);
   for (auto [state, host] : {std::pair{exp_avg_, exp_avg}, std::pair{exp_avg_sq_, exp_avg_sq}}) {
-    float* whole = ops_->Alloc(n);
-    ops_->Zero(whole, n);
-    for (const Owned& o : owned_) ops_->Copy(whole + o.begin, state + o.state, o.end - o.begin);
-    groups_->dp->AllReduceSum(whole, n);
-    ops_->CopyToHost(host->data(), whole, n * sizeof(float));
-    ops_->Free(whole);
+    for (size_t w = 0; w < n; w += window) {
+      const size_t len = std::min(window, n - w);
+      ops_->Zero(buffer, len);
+      for (const Owned& o : owned_) {
+        const size_t b = std::max(o.begin, w), e = std::min(o.end, w + len);
+        if (b < e) ops_->Copy(buffer + (b - w), state + o.state + (b - o.begin), e - b);
+      }
+      groups_->dp->AllReduceSum(buffer, len);
+      ops_->CopyToHost(host->data() + w, buffer, len * sizeof(float));
+    }
   }
+  ops_->Free(buffer);
 }
 
 void Optimizer::ScatterState(const std::vector<float>& exp_avg,

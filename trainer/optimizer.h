@@ -31,6 +31,8 @@ struct OptimizerOptions {
   // The model has already summed the gradient over DP (overlapped with its backward), and with the
   // distributed optimizer it gathers the stepped parts itself before its next forward.
   bool dp_by_model = false;
+  // Elements of the flat order GatherState assembles at a time (64 MiB of floats).
+  size_t gather_window = size_t{16} << 20;
 };
 
 struct StepResult {

@@ -2,8 +2,11 @@
 // differences of the loss), plus the learning-rate schedule and the argument checks.
 #include "trainer/model.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <random>
+#include <thread>
 
 #include "CLI/CLI.hpp"
 #include "gtest/gtest.h"
@@ -245,6 +248,95 @@ TEST(DpBucketTest, PlansTileTheBufferAndPartsTileTheBuckets) {
       EXPECT_EQ(saw_end, (pp == 0 && v == 0) || (pp == 1 && v == 1));
     }
     for (size_t i = 0; i < covered.size(); ++i) ASSERT_EQ(covered[i], 1) << "element " << i;
+  }
+}
+
+// The distributed optimizer over two in-process Gloo ranks against one optimizer stepping the
+// averaged gradient: each rank steps only its part of every bucket, yet after the step both hold
+// the reference's weights bit for bit, GatherState (a few elements at a time) assembles the
+// reference's moments, and ScatterState hands every rank its parts back.
+TEST(OptimizerTest, DistributedPartsMatchOneOptimizer) {
+  const ckpt::ModelConfig config = TinyConfig(false);
+  auto layout = ckpt::ModelLayout::Create(config, {1, 1, 1});
+  ASSERT_TRUE(layout.ok());
+  auto ops = *CreateOps("cpu");
+  auto gradient = [](int rank, size_t i) {
+    return static_cast<float>(std::sin(0.37 * static_cast<double>(i) + rank)) * 0.01f;
+  };
+  OptimizerOptions oo;
+  oo.weight_decay = 0.1f;
+  oo.clip_grad = 0.0f;    // the reported norms differ in rounding; the updates must not
+  oo.gather_window = 97;  // many windows, cutting parts in the middle
+
+  ParamStore ref_params(ops.get(), *layout, 0, 0, false);
+  ref_params.Initialize(5, 0.02);
+  const size_t n = ref_params.size();
+  // Buckets of about a layer: several per rank, parts of unequal length.
+  OptimizerOptions ref_oo = oo;
+  ref_oo.buckets = PlanDpBuckets(ref_params, 0, config.num_layers, true, true, 1000);
+  ASSERT_GT(ref_oo.buckets.size(), 3u);
+  ProcessGroups single = SingleProcessGroups();
+  Optimizer ref(ops.get(), &ref_params, &single, ref_oo);
+  std::vector<float> ref_m, ref_v;
+  double ref_norm[2] = {0, 0};
+  for (int step = 0; step < 2; ++step) {
+    ref.ZeroGrad();
+    for (size_t i = 0; i < n; ++i)
+      ref_params.grad()[i] = (gradient(0, i + step) + gradient(1, i + step)) * 0.5f;
+    ref.FinalizeGrads();
+    const StepResult r = ref.Step(1e-2f);
+    ASSERT_FALSE(r.skipped);
+    ref_norm[step] = r.grad_norm;
+  }
+  ref.GatherState(&ref_m, &ref_v);
+
+  const std::string dir = ::testing::TempDir() + "/dist_opt_" + std::to_string(::getpid());
+  std::vector<float> got_p[2], got_m[2], got_v[2], again_m[2], again_v[2];
+  size_t state[2] = {0, 0};
+  double norm[2][2] = {};
+  auto run = [&](int rank) {
+    LaunchInfo launch;
+    launch.rank = rank;
+    launch.world_size = 2;
+    launch.rendezvous_dir = dir;
+    absl::StatusOr<ProcessGroups> groups = CreateProcessGroups(launch, {1, 1, 2});
+    ASSERT_TRUE(groups.ok()) << groups.status();
+    ParamStore params(ops.get(), *layout, 0, 0, false);
+    params.Initialize(5, 0.02);
+    OptimizerOptions dist = oo;
+    dist.distributed = true;
+    dist.buckets = ref_oo.buckets;
+    Optimizer opt(ops.get(), &params, &*groups, dist);
+    state[rank] = opt.state_elements();
+    for (int step = 0; step < 2; ++step) {
+      opt.ZeroGrad();
+      for (size_t i = 0; i < n; ++i) params.grad()[i] = gradient(rank, i + step);
+      opt.FinalizeGrads();
+      const StepResult r = opt.Step(1e-2f);
+      ASSERT_FALSE(r.skipped);
+      norm[rank][step] = r.grad_norm;  // of the averaged gradient, over both ranks' parts
+    }
+    got_p[rank].assign(params.data(), params.data() + n);
+    opt.GatherState(&got_m[rank], &got_v[rank]);
+    Optimizer fresh(ops.get(), &params, &*groups, dist);
+    fresh.ScatterState(got_m[rank], got_v[rank]);
+    fresh.GatherState(&again_m[rank], &again_v[rank]);
+  };
+  std::thread a(run, 0), b(run, 1);
+  a.join();
+  b.join();
+  EXPECT_EQ(state[0] + state[1], n);
+  EXPECT_LE(std::max(state[0], state[1]) - std::min(state[0], state[1]), ref_oo.buckets.size());
+  for (int rank = 0; rank < 2; ++rank) {
+    for (int step = 0; step < 2; ++step)
+      EXPECT_NEAR(norm[rank][step], ref_norm[step], 1e-9 * ref_norm[step]) << rank << " " << step;
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(got_p[rank][i], ref_params.data()[i]) << "rank " << rank << " weight " << i;
+      ASSERT_EQ(got_m[rank][i], ref_m[i]) << "rank " << rank << " exp_avg " << i;
+      ASSERT_EQ(got_v[rank][i], ref_v[i]) << "rank " << rank << " exp_avg_sq " << i;
+    }
+    EXPECT_EQ(again_m[rank], got_m[rank]);
+    EXPECT_EQ(again_v[rank], got_v[rank]);
   }
 }
 
