@@ -40,27 +40,7 @@ GptModel::GptModel(Ops* ops, const ckpt::ModelLayout& layout, Communicator* tp, 
     BindLayerTensors(&w, i, param, param, grad);
     layers_.push_back(w);
   }
-  if (first_stage_) {
-    word_emb_ = param("embedding.word_embeddings.weight");
-    d_word_emb_ = grad("embedding.word_embeddings.weight");
-    pos_emb_ = param("embedding.position_embeddings.weight");
-    d_pos_emb_ = grad("embedding.position_embeddings.weight");
-  }
-  if (last_stage_) {
-    lnf_w_ = param("decoder.final_layernorm.weight");
-    lnf_b_ = param("decoder.final_layernorm.bias");
-    d_lnf_w_ = grad("decoder.final_layernorm.weight");
-    d_lnf_b_ = grad("decoder.final_layernorm.bias");
-    // Tied embeddings with one stage: the output layer is the embedding itself and both uses
-    // accumulate into one gradient. Otherwise the last stage holds its own (tied) copy.
-    if (params_->Find("output_layer.weight") != nullptr) {
-      out_w_ = param("output_layer.weight");
-      d_out_w_ = grad("output_layer.weight");
-    } else {
-      out_w_ = word_emb_;
-      d_out_w_ = d_word_emb_;
-    }
-  }
+  stage_ = BindStageTensors<float>(*params_, first_stage_, last_stage_, param, param, grad);
   dhidden_ = A(rows_local_ * h_);
   dtmp_ = A(rows_local_ * h_);
   dfull_ = A(rows_full_ * h_);
@@ -193,21 +173,21 @@ void GptModel::ReduceRows(float* full, float* shard) {
 
 void GptModel::EmbeddingForward(Slot& s) {
   const int64_t vocab_begin = tp_rank_ * vocab_local_;
-  ops_->EmbeddingForward(tmp_full_, s.tokens, word_emb_, rows_full_, h_, vocab_begin,
+  ops_->EmbeddingForward(tmp_full_, s.tokens, stage_.word_emb, rows_full_, h_, vocab_begin,
                          vocab_begin + vocab_local_);
   ReduceRows(tmp_full_, s.hidden[0]);
-  if (pos_emb_ != nullptr)
-    ops_->PositionForward(s.hidden[0], positions_, pos_emb_, rows_local_, h_);
+  if (stage_.pos_emb != nullptr)
+    ops_->PositionForward(s.hidden[0], positions_, stage_.pos_emb, rows_local_, h_);
   ops_->Dropout(s.hidden[0], rows_local_, h_, HiddenDrop(s.mb, -1, 0));
 }
 
 void GptModel::EmbeddingBackward(Slot& s) {
   ops_->Dropout(dhidden_, rows_local_, h_, HiddenDrop(s.mb, -1, 0));
-  if (d_pos_emb_ != nullptr)
-    ops_->PositionBackward(d_pos_emb_, dhidden_, positions_, rows_local_, h_);
+  if (stage_.d_pos_emb != nullptr)
+    ops_->PositionBackward(stage_.d_pos_emb, dhidden_, positions_, rows_local_, h_);
   const float* d = GatherRows(dhidden_, dfull_);
   const int64_t vocab_begin = tp_rank_ * vocab_local_;
-  ops_->EmbeddingBackward(d_word_emb_, d, s.tokens, rows_full_, h_, vocab_begin,
+  ops_->EmbeddingBackward(stage_.d_word_emb, d, s.tokens, rows_full_, h_, vocab_begin,
                           vocab_begin + vocab_local_);
 }
 
@@ -330,9 +310,9 @@ void GptModel::ActivationBackward(float* din, const float* dout, const float* in
 
 float GptModel::HeadForward(Slot& s) {
   const float* x = s.hidden[layers_.size()];
-  NormForward(s.lnf, s.lnf_mean, s.lnf_rstd, x, lnf_w_, lnf_b_, rows_local_, h_, eps_);
+  NormForward(s.lnf, s.lnf_mean, s.lnf_rstd, x, stage_.lnf_w, stage_.lnf_b, rows_local_, h_, eps_);
   const float* lnf = GatherRows(s.lnf, s.lnf_full);
-  ops_->LinearForward(s.logits, lnf, out_w_, nullptr, rows_full_, h_, vocab_local_);
+  ops_->LinearForward(s.logits, lnf, stage_.out_w, nullptr, rows_full_, h_, vocab_local_);
   ReduceHook max_hook, sum_hook;
   if (tp_size_ > 1) {
     max_hook = [this](float* d, int64_t n) { tp_->AllReduceMax(d, n); };
@@ -358,12 +338,12 @@ void GptModel::HeadBackward(Slot& s, float loss_scale) {
   ops_->CopyFromHost(dlosses_, host_rows_.data(), rows_full_ * sizeof(float));
   ops_->CrossEntropyBackward(dlogits_, dlosses_, s.ce_stats, s.logits, s.labels, rows_full_,
                              vocab_local_, tp_rank_ * vocab_local_);
-  ops_->LinearBackward(dfull_, d_out_w_, nullptr, dlogits_, s.lnf_full, out_w_, rows_full_, h_,
-                       vocab_local_, false);
+  ops_->LinearBackward(dfull_, stage_.d_out_w, nullptr, dlogits_, s.lnf_full, stage_.out_w,
+                       rows_full_, h_, vocab_local_, false);
   ReduceGradRows(dfull_, dtmp_);
   ops_->Zero(dhidden_, rows_local_ * h_);
-  NormBackward(dhidden_, d_lnf_w_, d_lnf_b_, dtmp_, s.hidden[layers_.size()], lnf_w_, s.lnf_mean,
-               s.lnf_rstd, rows_local_, h_);
+  NormBackward(dhidden_, stage_.d_lnf_w, stage_.d_lnf_b, dtmp_, s.hidden[layers_.size()],
+               stage_.lnf_w, s.lnf_mean, s.lnf_rstd, rows_local_, h_);
 }
 
 float GptModel::Forward(int slot, const MicroBatch& mb, const float* input) {

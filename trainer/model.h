@@ -121,10 +121,7 @@ class GptModel : public StageModel {
   int64_t groups_local_ = 0, qkv_width_ = 0, fc1_width_ = 0;
   double rope_base_ = 10000.0;
   std::vector<LayerWeights> layers_;
-  const float *word_emb_ = nullptr, *pos_emb_ = nullptr, *lnf_w_ = nullptr, *lnf_b_ = nullptr,
-              *out_w_ = nullptr;
-  float *d_word_emb_ = nullptr, *d_pos_emb_ = nullptr, *d_lnf_w_ = nullptr, *d_lnf_b_ = nullptr,
-        *d_out_w_ = nullptr;
+  StageTensors<float> stage_;
   std::vector<std::unique_ptr<Slot>> slots_;
   // Shared by every slot: the activations of recomputed layers, and the softmax matrix under
   // selective recomputation (nullptr until first needed).

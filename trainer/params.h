@@ -137,6 +137,45 @@ void BindLayerTensors(W* w, int layer, Linear&& linear, Norm&& norm, Grad&& grad
   w->d_fc2_b = grad(fc2 + "bias");
 }
 
+// The tensors of a pipeline stage outside its decoder layers, as both models hold them: the
+// embeddings (first stage), the final norm and the output layer (last stage) with their gradients.
+// `Out` is the output layer's weight type (the bf16 model computes with its bf16 copy).
+template <typename Out>
+struct StageTensors {
+  const float *word_emb = nullptr, *pos_emb = nullptr, *lnf_w = nullptr, *lnf_b = nullptr;
+  const Out* out_w = nullptr;
+  float *d_word_emb = nullptr, *d_pos_emb = nullptr, *d_lnf_w = nullptr, *d_lnf_b = nullptr,
+        *d_out_w = nullptr;
+};
+
+// Binds them by their Megatron-Core names: `output(name)` gives the output layer's weight,
+// `weight(name)` the others, `grad(name)` every gradient. With tied embeddings on one stage the
+// output layer is the word embedding itself (one gradient for both uses); on several stages the
+// last one holds its own copy (kept equal by the optimizer).
+template <typename Out, typename Output, typename Weight, typename Grad>
+StageTensors<Out> BindStageTensors(const ParamStore& params, bool first_stage, bool last_stage,
+                                   Output&& output, Weight&& weight, Grad&& grad) {
+  StageTensors<Out> t;
+  if (first_stage) {
+    t.word_emb = weight("embedding.word_embeddings.weight");
+    t.pos_emb = weight("embedding.position_embeddings.weight");
+    t.d_word_emb = grad("embedding.word_embeddings.weight");
+    t.d_pos_emb = grad("embedding.position_embeddings.weight");
+  }
+  if (last_stage) {
+    t.lnf_w = weight("decoder.final_layernorm.weight");
+    t.lnf_b = weight("decoder.final_layernorm.bias");
+    t.d_lnf_w = grad("decoder.final_layernorm.weight");
+    t.d_lnf_b = grad("decoder.final_layernorm.bias");
+    const char* out = params.Find("output_layer.weight") != nullptr
+                          ? "output_layer.weight"
+                          : "embedding.word_embeddings.weight";
+    t.out_w = output(out);
+    t.d_out_w = grad(out);
+  }
+  return t;
+}
+
 // Deterministic standard normals for a named tensor (counter-based, Box-Muller in float64).
 void FillNormal(uint64_t seed, const std::string& name, double std, std::vector<float>* out);
 

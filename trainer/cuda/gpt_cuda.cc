@@ -101,27 +101,7 @@ BF16GptModel::BF16GptModel(const ckpt::ModelLayout& layout, ParamStore* params,
     BindLayerTensors(&w, i, w16, f32, grad);
     layers_.push_back(w);
   }
-  if (first_stage_) {
-    wte_ = f32("embedding.word_embeddings.weight");
-    wpe_ = f32("embedding.position_embeddings.weight");
-    d_wte_ = grad("embedding.word_embeddings.weight");
-    d_wpe_ = grad("embedding.position_embeddings.weight");
-  }
-  if (last_stage_) {
-    lnf_w_ = f32("decoder.final_layernorm.weight");
-    lnf_b_ = f32("decoder.final_layernorm.bias");
-    d_lnf_w_ = grad("decoder.final_layernorm.weight");
-    d_lnf_b_ = grad("decoder.final_layernorm.bias");
-    // One stage with tied embeddings: the output layer is the embedding itself; otherwise the
-    // last stage holds its own copy (tied: kept equal by the optimizer).
-    if (params_->Find("output_layer.weight") != nullptr) {
-      out_w16_ = w16("output_layer.weight");
-      d_out_w_ = grad("output_layer.weight");
-    } else {
-      out_w16_ = w16("embedding.word_embeddings.weight");
-      d_out_w_ = grad("embedding.word_embeddings.weight");
-    }
-  }
+  stage_ = BindStageTensors<bf16>(*params_, first_stage_, last_stage_, w16, f32, grad);
 
   positions_ = Alloc<int32_t>(rows_l_);
   std::vector<int32_t> positions(rows_l_);
@@ -369,11 +349,11 @@ float BF16GptModel::Forward(int slot, const MicroBatch& mb, const float* input) 
   if (first_stage_) {
     prof_.Begin("embedding fwd");
     // Vocabulary-parallel lookup: each rank fills the rows whose ids it owns, the rest zero.
-    EmbeddingForward<bf16>(branch_, s.tokens, wte_, n_, h_, vocab_begin_, vocab_begin_ + vocab_l_,
-                           MainStream());
+    EmbeddingForward<bf16>(branch_, s.tokens, stage_.word_emb, n_, h_, vocab_begin_,
+                           vocab_begin_ + vocab_l_, MainStream());
     ReduceRows(branch_, s.x[0]);
     prof_.Begin("embedding fwd");
-    PositionForward<bf16>(s.x[0], positions_, wpe_, rows_l_, h_, MainStream());
+    PositionForward<bf16>(s.x[0], positions_, stage_.pos_emb, rows_l_, h_, MainStream());
     Dropout<bf16>(s.x[0], rows_l_, h_, Drop(s, -1, 0), MainStream());
   } else {
     LT_CUDA_CHECK(cudaMemcpyAsync(s.x[0], input, rows_l_ * h_ * sizeof(bf16),
@@ -394,7 +374,8 @@ float BF16GptModel::Forward(int slot, const MicroBatch& mb, const float* input) 
       ResidualNorm(s, l, s.acts[l + 1].ln1, s.acts[l + 1].ln1_mean, s.acts[l + 1].ln1_rstd,
                    next.ln1_w, next.ln1_b, /*gather=*/false);
     } else if (last_stage_) {
-      ResidualNorm(s, l, sp_ ? lnf_full_ : s.lnf, s.lnf_mean, s.lnf_rstd, lnf_w_, lnf_b_,
+      ResidualNorm(s, l, sp_ ? lnf_full_ : s.lnf, s.lnf_mean, s.lnf_rstd, stage_.lnf_w,
+                   stage_.lnf_b,
                    /*gather=*/true);
     } else {  // the stage's output x[L]; the LayerNorm output is not needed
       prof_.Begin("residual+layernorm fwd");
@@ -406,8 +387,8 @@ float BF16GptModel::Forward(int slot, const MicroBatch& mb, const float* input) 
   }
   if (!last_stage_) return 0.0f;
   if (num_layers == 0) {
-    NormGather(sp_ ? lnf_full_ : s.lnf, s.lnf_mean, s.lnf_rstd, nullptr, s.x[0], nullptr, lnf_w_,
-               lnf_b_, Drop(s, -1, 0), /*gather=*/true);
+    NormGather(sp_ ? lnf_full_ : s.lnf, s.lnf_mean, s.lnf_rstd, nullptr, s.x[0], nullptr,
+               stage_.lnf_w, stage_.lnf_b, Drop(s, -1, 0), /*gather=*/true);
   }
   HeadForward(s);
   return 0.0f;
@@ -422,7 +403,7 @@ void BF16GptModel::HeadForward(Slot& s) {
   for (int64_t r0 = 0; r0 < n_; r0 += chunk_rows_) {
     const int64_t rows = std::min(chunk_rows_, n_ - r0);
     prof_.Begin("matmul head fwd");
-    mm_.Forward(logits_, lnf + r0 * h_, out_w16_, nullptr, rows, h_, vocab_l_);
+    mm_.Forward(logits_, lnf + r0 * h_, stage_.out_w, nullptr, rows, h_, vocab_l_);
     prof_.Begin("cross-entropy");
     if (tp_ == nullptr) {
       CrossEntropyForwardBackward<bf16>(s.losses + r0, logits_, s.labels + r0, rows, vocab_l_,
@@ -441,8 +422,8 @@ void BF16GptModel::HeadForward(Slot& s) {
     }
     if (s.has_grad) {
       prof_.Begin("matmul head bwd");
-      mm_.BackwardData(dlnf + r0 * h_, logits_, out_w16_, rows, h_, vocab_l_);
-      mm_.BackwardWeight(d_out_w_, logits_, lnf + r0 * h_, rows, h_, vocab_l_);
+      mm_.BackwardData(dlnf + r0 * h_, logits_, stage_.out_w, rows, h_, vocab_l_);
+      mm_.BackwardWeight(stage_.d_out_w, logits_, lnf + r0 * h_, rows, h_, vocab_l_);
     }
   }
   if (s.has_grad) ReduceRows(dlnf, s.dlnf);
@@ -563,9 +544,9 @@ void BF16GptModel::Backward(int slot, const float* doutput, float loss_scale) {
       num_layers > 0 ? Drop(s, layers_.back().global, 2) : Drop(s, -1, 0);
   if (last_stage_) {
     prof_.Begin("layernorm bwd");
-    LayerNormBackward<bf16>(dx_, dbranch_, d_lnf_w_, d_lnf_b_, s.dlnf, nullptr, s.x[num_layers],
-                            lnf_w_, s.lnf_mean, s.lnf_rstd, rows_l_, h_, last_drop, scratch(),
-                            MainStream());
+    LayerNormBackward<bf16>(dx_, dbranch_, stage_.d_lnf_w, stage_.d_lnf_b, s.dlnf, nullptr,
+                            s.x[num_layers], stage_.lnf_w, s.lnf_mean, s.lnf_rstd, rows_l_, h_,
+                            last_drop, scratch(), MainStream());
   } else {  // the next stage's gradient of this stage's output
     prof_.Begin("stage input");
     LT_CUDA_CHECK(cudaMemcpyAsync(dx_, doutput, rows_l_ * h_ * sizeof(bf16),
@@ -583,9 +564,10 @@ void BF16GptModel::Backward(int slot, const float* doutput, float loss_scale) {
     prof_.Begin("embedding bwd");
     GatherRowsFrom(dbranch_, dbranch_full_);
     prof_.Begin("embedding bwd");
-    EmbeddingBackward<bf16>(d_wte_, dbranch_full_, s.tokens, n_, h_, vocab_begin_,
+    EmbeddingBackward<bf16>(stage_.d_word_emb, dbranch_full_, s.tokens, n_, h_, vocab_begin_,
                             vocab_begin_ + vocab_l_, scratch(), MainStream());
-    PositionBackward<bf16>(d_wpe_, dbranch_, positions_, rows_l_, h_, scratch(), MainStream());
+    PositionBackward<bf16>(stage_.d_pos_emb, dbranch_, positions_, rows_l_, h_, scratch(),
+                           MainStream());
     prof_.End();
   }
   if (reducer_ != nullptr) reducer_->BackwardDone();

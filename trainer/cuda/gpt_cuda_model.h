@@ -188,10 +188,7 @@ class BF16GptModel : public StageModel {
   bf16* w16_ = nullptr;
   bool owns_w16_ = false;
   uint64_t w16_version_ = 0;  // ParamStore::weights_version() it reflects
-  const float *wte_ = nullptr, *wpe_ = nullptr, *lnf_w_ = nullptr, *lnf_b_ = nullptr;
-  const bf16* out_w16_ = nullptr;
-  float *d_wte_ = nullptr, *d_wpe_ = nullptr, *d_lnf_w_ = nullptr, *d_lnf_b_ = nullptr,
-        *d_out_w_ = nullptr;
+  StageTensors<bf16> stage_;  // embeddings, final norm, output layer (bf16 copy)
 
   std::vector<std::unique_ptr<Slot>> slots_;
   std::unique_ptr<Acts> shared_acts_;  // recomputed layers
