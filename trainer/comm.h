@@ -60,6 +60,14 @@ struct ParallelSizes {
 RankCoords CoordsOf(int world_rank, const ParallelSizes& sizes);
 int WorldRankOf(const RankCoords& c, const ParallelSizes& sizes);
 
+// The world ranks of the groups a rank at `c` belongs to, in group-rank order: everyone; its
+// tensor-, data- and pipeline-parallel groups; its model (TP x PP) group; and with PP > 1 the
+// first and last stage of its pipeline (the tied embedding's group; the rank may not be in it).
+struct GroupMembers {
+  std::vector<int> world, tp, dp, pp, model, embedding;
+};
+GroupMembers MembersOf(const RankCoords& c, const ParallelSizes& sizes);
+
 struct ProcessGroups {
   ParallelSizes sizes;
   RankCoords coords;

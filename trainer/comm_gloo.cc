@@ -214,6 +214,19 @@ int WorldRankOf(const RankCoords& c, const ParallelSizes& s) {
   return c.tp + s.tp * (c.dp + s.dp * c.pp);
 }
 
+GroupMembers MembersOf(const RankCoords& c, const ParallelSizes& s) {
+  GroupMembers m;
+  for (int r = 0; r < s.world(); ++r) m.world.push_back(r);
+  for (int t = 0; t < s.tp; ++t) m.tp.push_back(WorldRankOf({t, c.dp, c.pp}, s));
+  for (int d = 0; d < s.dp; ++d) m.dp.push_back(WorldRankOf({c.tp, d, c.pp}, s));
+  for (int p = 0; p < s.pp; ++p) m.pp.push_back(WorldRankOf({c.tp, c.dp, p}, s));
+  for (int p = 0; p < s.pp; ++p)
+    for (int t = 0; t < s.tp; ++t) m.model.push_back(WorldRankOf({t, c.dp, p}, s));
+  if (s.pp > 1)
+    m.embedding = {WorldRankOf({c.tp, c.dp, 0}, s), WorldRankOf({c.tp, c.dp, s.pp - 1}, s)};
+  return m;
+}
+
 LaunchInfo LaunchInfoFromEnvironment() {
   LaunchInfo info;
   if (std::getenv("RANK") != nullptr) {
@@ -303,21 +316,14 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(const LaunchInfo& launch,
       return std::make_unique<GlooCommunicator>(std::move(ctx));
     };
     const RankCoords c = g.coords;
-    std::vector<int> world, tp, dp, pp, model, embedding;
-    for (int r = 0; r < sizes.world(); ++r) world.push_back(r);
-    for (int t = 0; t < sizes.tp; ++t) tp.push_back(WorldRankOf({t, c.dp, c.pp}, sizes));
-    for (int d = 0; d < sizes.dp; ++d) dp.push_back(WorldRankOf({c.tp, d, c.pp}, sizes));
-    for (int p = 0; p < sizes.pp; ++p) pp.push_back(WorldRankOf({c.tp, c.dp, p}, sizes));
-    for (int p = 0; p < sizes.pp; ++p)
-      for (int t = 0; t < sizes.tp; ++t) model.push_back(WorldRankOf({t, c.dp, p}, sizes));
-    embedding = {WorldRankOf({c.tp, c.dp, 0}, sizes),
-                 WorldRankOf({c.tp, c.dp, sizes.pp - 1}, sizes)};
-    g.world = connect("world/", world);
-    g.tp = connect(absl::StrCat("tp-", c.dp, "-", c.pp, "/"), tp);
-    g.dp = connect(absl::StrCat("dp-", c.tp, "-", c.pp, "/"), dp);
-    g.pp = connect(absl::StrCat("pp-", c.tp, "-", c.dp, "/"), pp);
-    g.model = connect(absl::StrCat("mp-", c.dp, "/"), model);
-    if (sizes.pp > 1) g.embedding = connect(absl::StrCat("emb-", c.tp, "-", c.dp, "/"), embedding);
+    const GroupMembers m = MembersOf(c, sizes);
+    g.world = connect("world/", m.world);
+    g.tp = connect(absl::StrCat("tp-", c.dp, "-", c.pp, "/"), m.tp);
+    g.dp = connect(absl::StrCat("dp-", c.tp, "-", c.pp, "/"), m.dp);
+    g.pp = connect(absl::StrCat("pp-", c.tp, "-", c.dp, "/"), m.pp);
+    g.model = connect(absl::StrCat("mp-", c.dp, "/"), m.model);
+    if (sizes.pp > 1)
+      g.embedding = connect(absl::StrCat("emb-", c.tp, "-", c.dp, "/"), m.embedding);
     // Rank 0 serves the store until every rank is done with it.
     store.set(absl::StrCat("done/", launch.rank), {'1'});
     if (server) {

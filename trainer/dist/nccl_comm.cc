@@ -1057,22 +1057,14 @@ absl::StatusOr<ProcessGroups> CreateNcclProcessGroups(const LaunchInfo& launch,
   };
   std::vector<Group> groups;
   {
-    std::vector<int> world, tp, dp, pp, model, embedding;
-    for (int r = 0; r < sizes.world(); ++r) world.push_back(r);
-    for (int t = 0; t < sizes.tp; ++t) tp.push_back(WorldRankOf({t, c.dp, c.pp}, sizes));
-    for (int d = 0; d < sizes.dp; ++d) dp.push_back(WorldRankOf({c.tp, d, c.pp}, sizes));
-    for (int p = 0; p < sizes.pp; ++p) pp.push_back(WorldRankOf({c.tp, c.dp, p}, sizes));
-    for (int p = 0; p < sizes.pp; ++p)
-      for (int t = 0; t < sizes.tp; ++t) model.push_back(WorldRankOf({t, c.dp, p}, sizes));
-    groups.push_back({"world", world, &g.world});
-    groups.push_back({absl::StrCat("tp-", c.dp, "-", c.pp), tp, &g.tp});
-    groups.push_back({absl::StrCat("dp-", c.tp, "-", c.pp), dp, &g.dp});
-    groups.push_back({absl::StrCat("pp-", c.tp, "-", c.dp), pp, &g.pp});
-    groups.push_back({absl::StrCat("mp-", c.dp), model, &g.model});
+    const GroupMembers m = MembersOf(c, sizes);
+    groups.push_back({"world", m.world, &g.world});
+    groups.push_back({absl::StrCat("tp-", c.dp, "-", c.pp), m.tp, &g.tp});
+    groups.push_back({absl::StrCat("dp-", c.tp, "-", c.pp), m.dp, &g.dp});
+    groups.push_back({absl::StrCat("pp-", c.tp, "-", c.dp), m.pp, &g.pp});
+    groups.push_back({absl::StrCat("mp-", c.dp), m.model, &g.model});
     if (sizes.pp > 1 && (c.pp == 0 || c.pp == sizes.pp - 1)) {
-      embedding = {WorldRankOf({c.tp, c.dp, 0}, sizes),
-                   WorldRankOf({c.tp, c.dp, sizes.pp - 1}, sizes)};
-      groups.push_back({absl::StrCat("emb-", c.tp, "-", c.dp), embedding, &g.embedding});
+      groups.push_back({absl::StrCat("emb-", c.tp, "-", c.dp), m.embedding, &g.embedding});
     }
   }
   for (Group& grp : groups) {
