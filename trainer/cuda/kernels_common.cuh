@@ -162,6 +162,33 @@ __device__ __forceinline__ float BlockMax(float v) {
   return a[0];
 }
 
+// A block's pass over one row of `n` elements, its threads striding W at a time (each thread
+// returns the block's result): the row's maximum, and Σ exp(x − m).
+template <int W, typename T>
+__device__ float BlockRowMax(const T* row, int64_t n) {
+  float m = -INFINITY;
+  for (int64_t c = static_cast<int64_t>(threadIdx.x) * W; c < n;
+       c += static_cast<int64_t>(blockDim.x) * W) {
+    float x[W];
+    Load<W>(x, row + c);
+#pragma unroll
+    for (int j = 0; j < W; ++j) m = fmaxf(m, x[j]);
+  }
+  return BlockMax(m);
+}
+template <int W, typename T>
+__device__ float BlockRowSumExp(const T* row, int64_t n, float m) {
+  float s = 0.0f;
+  for (int64_t c = static_cast<int64_t>(threadIdx.x) * W; c < n;
+       c += static_cast<int64_t>(blockDim.x) * W) {
+    float x[W];
+    Load<W>(x, row + c);
+#pragma unroll
+    for (int j = 0; j < W; ++j) s += expf(x[j] - m);
+  }
+  return BlockSum(s);
+}
+
 // ---- dropout (ops.h's SplitMix64 / DropoutUniform, split so a row hashes its key once) ----
 
 __host__ __device__ __forceinline__ uint64_t Mix64(uint64_t x) {

@@ -96,16 +96,7 @@ __global__ void __launch_bounds__(kCeThreads)
 template <int W>
 __global__ void __launch_bounds__(kCeThreads)
     RowMaxKernel(float* row_max, const float* logits, int64_t vocab) {
-  const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
-  float m = -INFINITY;
-  for (int64_t c = static_cast<int64_t>(threadIdx.x) * W; c < vocab;
-       c += static_cast<int64_t>(blockDim.x) * W) {
-    float x[W];
-    Load<W>(x, row + c);
-#pragma unroll
-    for (int j = 0; j < W; ++j) m = fmaxf(m, x[j]);
-  }
-  m = BlockMax(m);
+  const float m = BlockRowMax<W>(logits + static_cast<int64_t>(blockIdx.x) * vocab, vocab);
   if (threadIdx.x == 0) row_max[blockIdx.x] = m;
 }
 
@@ -115,16 +106,7 @@ __global__ void __launch_bounds__(kCeThreads)
                   int64_t vocab, int64_t vocab_begin) {
   const int64_t r = blockIdx.x;
   const float* row = logits + r * vocab;
-  const float m = row_max[r];
-  float s = 0.0f;
-  for (int64_t c = static_cast<int64_t>(threadIdx.x) * W; c < vocab;
-       c += static_cast<int64_t>(blockDim.x) * W) {
-    float x[W];
-    Load<W>(x, row + c);
-#pragma unroll
-    for (int j = 0; j < W; ++j) s += expf(x[j] - m);
-  }
-  s = BlockSum(s);
+  const float s = BlockRowSumExp<W>(row, vocab, row_max[r]);
   if (threadIdx.x == 0) {
     const int64_t t = static_cast<int64_t>(targets[r]) - vocab_begin;
     sums[2 * r] = s;

@@ -18,24 +18,8 @@ __global__ void __launch_bounds__(kThreads)
                         int64_t vocab_begin) {
   const int64_t r = blockIdx.x;
   const T* row = logits + r * vocab;
-  float m = -INFINITY;
-  for (int64_t c = static_cast<int64_t>(threadIdx.x) * W; c < vocab;
-       c += static_cast<int64_t>(blockDim.x) * W) {
-    float x[W];
-    Load<W>(x, row + c);
-#pragma unroll
-    for (int j = 0; j < W; ++j) m = fmaxf(m, x[j]);
-  }
-  m = BlockMax(m);
-  float s = 0.0f;
-  for (int64_t c = static_cast<int64_t>(threadIdx.x) * W; c < vocab;
-       c += static_cast<int64_t>(blockDim.x) * W) {
-    float x[W];
-    Load<W>(x, row + c);
-#pragma unroll
-    for (int j = 0; j < W; ++j) s += expf(x[j] - m);
-  }
-  s = BlockSum(s);
+  const float m = BlockRowMax<W>(row, vocab);
+  const float s = BlockRowSumExp<W>(row, vocab, m);
   if (threadIdx.x == 0) {
     const int64_t t = static_cast<int64_t>(targets[r]) - vocab_begin;
     part[3 * r] = m;
@@ -46,8 +30,8 @@ __global__ void __launch_bounds__(kThreads)
 
 // global_max[r] starts as this shard's max (all-reduced by the caller); sums[2r] = Σexp rescaled
 // to it, sums[2r+1] = target logit (both all-reduced by the caller next).
-__global__ void ShardRescaleKernel(float* global_max, float* sums, const float* part,
-                                   int64_t rows, bool fill_max) {
+__global__ void ShardRescaleKernel(float* global_max, float* sums, const float* part, int64_t rows,
+                                   bool fill_max) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= rows) return;
   if (fill_max) {
@@ -90,24 +74,24 @@ void CrossEntropyShardPartials(float* part, const T* logits, const int32_t* targ
   constexpr int W = kVec<T>;
   const unsigned grid = static_cast<unsigned>(rows);
   if (vocab_local % W == 0 && Aligned16(logits)) {
-    ShardPartialsKernel<T, W><<<grid, kThreads, 0, s>>>(part, logits, targets, vocab_local,
-                                                         vocab_begin);
+    ShardPartialsKernel<T, W>
+        <<<grid, kThreads, 0, s>>>(part, logits, targets, vocab_local, vocab_begin);
   } else {
-    ShardPartialsKernel<T, 1><<<grid, kThreads, 0, s>>>(part, logits, targets, vocab_local,
-                                                         vocab_begin);
+    ShardPartialsKernel<T, 1>
+        <<<grid, kThreads, 0, s>>>(part, logits, targets, vocab_local, vocab_begin);
   }
   LT_CUDA_LAUNCH_CHECK();
 }
 
 void CrossEntropyShardMax(float* global_max, const float* part, int64_t rows, cudaStream_t s) {
   if (rows == 0) return;
-  ShardRescaleKernel<<<static_cast<unsigned>(CeilDiv(rows, 256)), 256, 0, s>>>(
-      global_max, nullptr, part, rows, true);
+  ShardRescaleKernel<<<static_cast<unsigned>(CeilDiv(rows, 256)), 256, 0, s>>>(global_max, nullptr,
+                                                                               part, rows, true);
   LT_CUDA_LAUNCH_CHECK();
 }
 
-void CrossEntropyShardRescale(float* sums, const float* part, const float* global_max,
-                              int64_t rows, cudaStream_t s) {
+void CrossEntropyShardRescale(float* sums, const float* part, const float* global_max, int64_t rows,
+                              cudaStream_t s) {
   if (rows == 0) return;
   ShardRescaleKernel<<<static_cast<unsigned>(CeilDiv(rows, 256)), 256, 0, s>>>(
       const_cast<float*>(global_max), sums, part, rows, false);
@@ -124,20 +108,19 @@ void CrossEntropyShardFinish(float* losses, T* logits, const int32_t* targets,
   const unsigned grid = static_cast<unsigned>(rows);
   if (vocab_local % W == 0 && Aligned16(logits)) {
     ShardFinishKernel<T, W><<<grid, kThreads, 0, s>>>(losses, logits, targets, global_max, sums,
-                                                       vocab_local, vocab_begin, grad_scale);
+                                                      vocab_local, vocab_begin, grad_scale);
   } else {
     ShardFinishKernel<T, 1><<<grid, kThreads, 0, s>>>(losses, logits, targets, global_max, sums,
-                                                       vocab_local, vocab_begin, grad_scale);
+                                                      vocab_local, vocab_begin, grad_scale);
   }
   LT_CUDA_LAUNCH_CHECK();
 }
 
-#define LT_INSTANTIATE(T)                                                                       \
-  template void CrossEntropyShardPartials<T>(float*, const T*, const int32_t*, int64_t, int64_t, \
-                                             int64_t, cudaStream_t);                            \
-  template void CrossEntropyShardFinish<T>(float*, T*, const int32_t*, const float*,           \
-                                           const float*, int64_t, int64_t, int64_t, float,     \
-                                           cudaStream_t);
+#define LT_INSTANTIATE(T)                                                                          \
+  template void CrossEntropyShardPartials<T>(float*, const T*, const int32_t*, int64_t, int64_t,   \
+                                             int64_t, cudaStream_t);                               \
+  template void CrossEntropyShardFinish<T>(float*, T*, const int32_t*, const float*, const float*, \
+                                           int64_t, int64_t, int64_t, float, cudaStream_t);
 LT_INSTANTIATE(float)
 LT_INSTANTIATE(bf16)
 #undef LT_INSTANTIATE
