@@ -98,6 +98,14 @@ def main():
         print(f"{name}: measured idle share {bubble * 100:.1f}% of the step "
               f"(1 - (8 x 1-GPU step / 2) / PP2 step); 1F1B bubble theory (PP-1)/(M+PP-1) = "
               f"{100 / 9:.1f}%", flush=True)
+    # A data-parallel step waits for the slower GPU: its overhead against each GPU's own step.
+    solo = [results[n]["ms"] for n in ("1 GPU", "1 GPU (the second)") if n in results]
+    for name in results:
+        if name.startswith("DP2") and solo:
+            dp = results[name]["ms"]
+            print(f"{name}: {dp:.1f} ms = " + " / ".join(
+                f"{(dp / s - 1) * 100:+.1f}%" for s in sorted(solo, reverse=True)) +
+                " against the 1-GPU step of the slower / faster GPU", flush=True)
     if a.out:
         Path(a.out).write_text("\n".join(lines) + "\n")
 
