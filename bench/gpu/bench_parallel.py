@@ -5,7 +5,9 @@ GPU, beside the tutorial's Megatron numbers. Run through scripts/device_check.sh
 import argparse
 import os
 import re
+import shlex
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -16,6 +18,9 @@ ROWS = [
     ("1 GPU", 1, 32, 32, [], "438 ms, ≈80 GB"),
     # The same run on the machine's second GPU: a data-parallel step waits for the slower one.
     ("1 GPU (the second)", 1, 32, 32, [], "–"),
+    # Two independent 1-GPU runs at once, one per GPU, nothing exchanged: what sharing the host
+    # (power, clocks, CPU) costs a step before any data-parallel communication.
+    ("1 GPU on each GPU at once", 1, 32, 32, [], "–"),
     ("DP2", 2, 32, 64, ["--overlap-grad-reduce"], "437 ms"),
     ("DP2, distributed optimizer", 2, 32, 64,
      ["--overlap-grad-reduce", "--use-distributed-optimizer", "--overlap-param-gather"], "–"),
@@ -36,7 +41,7 @@ def flops_per_token(layers=36, h=1280, seq=1024, vocab=50304):
         3 * 2 * h * vocab
 
 
-def run(bin_dir, procs, mb, gbs, extra, iters, env=None):
+def command(bin_dir, procs, mb, gbs, extra, iters):
     cmd = [str(Path(bin_dir) / "train"), "--bf16", "--mock-data", "--tokenizer-type",
            "NullTokenizer", "--vocab-size", "50256", *MODEL, "--micro-batch-size", str(mb),
            "--global-batch-size", str(gbs), "--train-iters", str(iters), "--log-interval", "5",
@@ -44,17 +49,40 @@ def run(bin_dir, procs, mb, gbs, extra, iters, env=None):
            "0", "--attention-dropout", "0", "--openai-gelu", "--eval-iters", "0", *extra]
     if procs > 1:
         cmd += ["--nproc-per-node", str(procs)]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    return cmd
+
+
+def parse(p):
     if p.returncode != 0:
         return None, (p.stdout + p.stderr)[-1500:]
-    ms = [float(x) for x in re.findall(r"elapsed time per iteration \(ms\): ([\d.]+)", p.stdout)]
+    out = p.stdout
+    ms = [float(x) for x in re.findall(r"elapsed time per iteration \(ms\): ([\d.]+)", out)]
     steady = ms[1:] if len(ms) > 1 else ms
     mem = {int(r): int(m) for r, m in
-           re.findall(r"\[Rank (\d+)\] GPU memory in use at the end: (\d+) MB", p.stdout)}
-    reports = re.findall(r"(\[Rank \d+\] (?:step time|data-parallel).*)", p.stdout)
-    layers = re.findall(r"\[Rank (\d+)\] tp \d+ pp \d+ dp \d+ \| layers (.*?) \|", p.stdout)
+           re.findall(r"\[Rank (\d+)\] GPU memory in use at the end: (\d+) MB", out)}
+    reports = re.findall(r"(\[Rank \d+\] (?:step time|data-parallel).*)", out)
+    layers = re.findall(r"\[Rank (\d+)\] tp \d+ pp \d+ dp \d+ \| layers (.*?) \|", out)
     return {"ms": sum(steady) / len(steady), "mem": mem, "reports": reports,
             "layers": layers}, None
+
+
+def run(bin_dir, procs, mb, gbs, extra, iters, gpus=(None,)):
+    """Runs the layout once per entry of gpus at the same time (an entry is CUDA_VISIBLE_DEVICES,
+    None to leave it alone); returns the first run's result with every run's step time."""
+    cmd = command(bin_dir, procs, mb, gbs, extra, iters)
+
+    def one(g):
+        env = None if g is None else dict(os.environ, CUDA_VISIBLE_DEVICES=g)
+        return parse(subprocess.run(cmd, capture_output=True, text=True, env=env))
+
+    with ThreadPoolExecutor(len(gpus)) as pool:
+        results = list(pool.map(one, gpus))
+    for r, err in results:
+        if r is None:
+            return None, err
+    first = results[0][0]
+    first["each"] = [r["ms"] for r, _ in results]
+    return first, None
 
 
 def main():
@@ -63,6 +91,7 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--only", default="", help="row names separated by semicolons")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--extra", default="", help="flags added to every row (experiments)")
     a = ap.parse_args()
     lines = ["| layout | GPUs | micro / global | ms/step | tok/s per GPU | MFU | GPU memory per "
              "rank (GiB, in use) | Megatron (tutorial) |", "|---|---|---|---|---|---|---|---|"]
@@ -71,8 +100,8 @@ def main():
     for name, procs, mb, gbs, extra, megatron in ROWS:
         if a.only and name not in a.only.split(";"):
             continue
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES="1") if "second" in name else None
-        r, err = run(a.bin, procs, mb, gbs, extra, a.iters, env)
+        gpus = ("1",) if "second" in name else ("0", "1") if "at once" in name else (None,)
+        r, err = run(a.bin, procs, mb, gbs, extra + shlex.split(a.extra), a.iters, gpus)
         if r is None:
             lines.append(f"| {name} | {procs} | {mb} / {gbs} | error: "
                          f"{err.replace(chr(10), ' ')[-300:]} | | | | {megatron} |")
@@ -82,7 +111,8 @@ def main():
         tok = gbs * 1024 / (r["ms"] / 1000) / procs
         mfu = flops_per_token() * gbs * 1024 / (r["ms"] / 1000) / procs / 989e12 * 100
         mem = " / ".join(f"{m / 1024:.1f}" for _, m in sorted(r["mem"].items()))
-        lines.append(f"| {name} | {procs} | {mb} / {gbs} | {r['ms']:.1f} | {tok:,.0f} | "
+        step = " / ".join(f"{ms:.1f}" for ms in r["each"])
+        lines.append(f"| {name} | {procs} | {mb} / {gbs} | {step} | {tok:,.0f} | "
                      f"{mfu:.1f}% | {mem} | {megatron} |")
         print(lines[-1], flush=True)
         for rep in r["reports"]:
@@ -106,6 +136,10 @@ def main():
             print(f"{name}: {dp:.1f} ms = " + " / ".join(
                 f"{(dp / s - 1) * 100:+.1f}%" for s in sorted(solo, reverse=True)) +
                 " against the 1-GPU step of the slower / faster GPU", flush=True)
+            if "1 GPU on each GPU at once" in results:
+                both = max(results["1 GPU on each GPU at once"]["each"])
+                print(f"{name}: {(dp / both - 1) * 100:+.1f}% against the slower of the two 1-GPU "
+                      "runs made at once", flush=True)
     if a.out:
         Path(a.out).write_text("\n".join(lines) + "\n")
 
