@@ -52,7 +52,6 @@ class Ops {
   virtual void CopyToHost(void* host_dst, const void* src, size_t bytes) = 0;
   virtual void Zero(float* p, size_t n) = 0;
   virtual void Copy(float* dst, const float* src, size_t n) = 0;
-  virtual void Scale(float* p, size_t n, float s) = 0;
   virtual void AddInPlace(float* a, const float* b, size_t n) = 0;  // a += b
   // out[r, c] += bias[c]; dbias[c] += sum_r dout[r, c]
   virtual void AddBias(float* out, const float* bias, int64_t rows, int64_t cols) = 0;

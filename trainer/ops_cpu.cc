@@ -65,9 +65,6 @@ class CpuOps final : public Ops {
   void Copy(float* dst, const float* src, size_t n) override {
     std::memcpy(dst, src, n * sizeof(float));
   }
-  void Scale(float* p, size_t n, float s) override {
-    for (size_t i = 0; i < n; ++i) p[i] *= s;
-  }
   void AddInPlace(float* a, const float* b, size_t n) override {
     for (size_t i = 0; i < n; ++i) a[i] += b[i];
   }

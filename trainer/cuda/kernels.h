@@ -138,7 +138,6 @@ size_t SumSquaresScratchBytes(size_t n);
 
 // ---- float32 kernels behind CudaOps (CpuOps's semantics) ----
 
-void Scale(float* p, size_t n, float factor, cudaStream_t s);
 void AddInPlace(float* a, const float* b, size_t n, cudaStream_t s);  // a += b
 // Loads the kernels that run between two ranks' stream waits on each other (AddInPlace, and
 // ConvertFromFloat<bf16> for gathered weights) now:

@@ -143,19 +143,6 @@ struct DropoutOp {
   }
 };
 
-struct ScaleOp {
-  float* p;
-  float factor;
-  template <int W>
-  __device__ void Apply(size_t i) const {
-    float v[W];
-    Load<W>(v, p + i);
-#pragma unroll
-    for (int j = 0; j < W; ++j) v[j] *= factor;
-    Store<W>(p + i, v);
-  }
-};
-
 struct AddOp {
   float* a;
   const float* b;
@@ -229,10 +216,6 @@ void Dropout(T* x, int64_t rows, int64_t cols, const HiddenDropout& d, cudaStrea
   const bool vec = cols % kVec<T> == 0 && Aligned16(x);
   LaunchMap<kVec<T>>(DropoutOp<T>{x, cols, d, 1.0f / (1.0f - d.p)},
                      static_cast<size_t>(rows * cols), vec, s);
-}
-
-void Scale(float* p, size_t n, float factor, cudaStream_t s) {
-  LaunchMap<4>(ScaleOp{p, factor}, n, Aligned16(p), s);
 }
 
 void AddInPlace(float* a, const float* b, size_t n, cudaStream_t s) {

@@ -89,7 +89,6 @@ class CudaOps final : public Ops {
           cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream()));
     }
   }
-  void Scale(float* p, size_t n, float s) override { cuda::Scale(p, n, s, stream()); }
   void AddInPlace(float* a, const float* b, size_t n) override {
     cuda::AddInPlace(a, b, n, stream());
   }
