@@ -442,6 +442,15 @@ void BF16GptModel::WeightGrad(float* dw, float* db, const bf16* dout, const bf16
   if (db != nullptr) ColumnSumAccumulate<bf16>(db, dout, n_, n, scratch(), MainStream());
 }
 
+void BF16GptModel::NormBackward(float* dw, float* db, const bf16* dout, const bf16* dresidual,
+                                const bf16* x, const float* w, const float* mean, const float* rstd,
+                                const HiddenDropout& drop) {
+  const bool same = !sp_ && drop.p <= 0.0f;
+  LayerNormBackward<bf16>(dx_, same ? nullptr : dbranch_, dw, db, dout, dresidual, x, w, mean, rstd,
+                          rows_l_, h_, drop, scratch(), MainStream());
+  branch_grad_ = same ? dx_ : dbranch_full_;
+}
+
 void BF16GptModel::LayerBackward(Slot& s, int l) {
   const Weights& w = layers_[l];
   Acts& a = s.acts[l];
@@ -455,7 +464,8 @@ void BF16GptModel::LayerBackward(Slot& s, int l) {
     prof_.Begin("gelu");
     GeluForward<bf16>(a.gelu, a.pre, n_ * ffn_l_, tanh_gelu_, MainStream());
   }
-  // On entry dx_ = d(x[l+1]) and dbranch_ = d(MLP output) for this rank's rows, dropout applied.
+  // On entry dx_ = d(x[l+1]) and branch_grad_ = d(MLP output), dropout applied (under SP its
+  // local rows are dbranch_).
   // A row-parallel linear's gradients: under SP the bias's from this rank's rows (summed over TP
   // by the optimizer), the weight's and the input's block by block as the ring gathers the
   // output gradient's rows (`dgrad(first_row, rows)`); otherwise from all rows.
@@ -463,7 +473,7 @@ void BF16GptModel::LayerBackward(Slot& s, int l) {
                                    const std::function<void(int64_t, int64_t)>& dgrad) {
     prof_.Begin(op);
     if (!sp_) {
-      WeightGrad(dw, db, dbranch_full_, in, k, h_);
+      WeightGrad(dw, db, branch_grad_, in, k, h_);
       dgrad(0, n_);
       return;
     }
@@ -477,10 +487,10 @@ void BF16GptModel::LayerBackward(Slot& s, int l) {
   row_parallel_backward(
       "matmul bwd fc2", w.d_fc2_w, w.d_fc2_b, a.gelu, ffn_l_, [&](int64_t r0, int64_t rows) {
         if (tanh_gelu_) {  // GELU's derivative in the matmul's epilogue
-          mm_.BackwardDataGelu(dfc_ + r0 * ffn_l_, dbranch_full_ + r0 * h_, w.fc2_w,
+          mm_.BackwardDataGelu(dfc_ + r0 * ffn_l_, branch_grad_ + r0 * h_, w.fc2_w,
                                a.pre + r0 * ffn_l_, rows, ffn_l_, h_);
         } else {
-          mm_.BackwardData(dfc_ + r0 * ffn_l_, dbranch_full_ + r0 * h_, w.fc2_w, rows, ffn_l_, h_);
+          mm_.BackwardData(dfc_ + r0 * ffn_l_, branch_grad_ + r0 * h_, w.fc2_w, rows, ffn_l_, h_);
         }
       });
   if (!tanh_gelu_) {
@@ -492,12 +502,11 @@ void BF16GptModel::LayerBackward(Slot& s, int l) {
   ColumnParallelBackward("matmul bwd fc1", dfc_, w.fc1_w, ffn_l_,
                          [&] { WeightGrad(w.d_fc1_w, w.d_fc1_b, dfc_, a.ln2, h_, ffn_l_); });
   prof_.Begin("layernorm bwd");
-  LayerNormBackward<bf16>(dx_, dbranch_, w.d_ln2_w, w.d_ln2_b, LocalRows(dln_), dx_, a.mid, w.ln2_w,
-                          a.ln2_mean, a.ln2_rstd, rows_l_, h_, Drop(s, w.global, 1), scratch(),
-                          MainStream());
+  NormBackward(w.d_ln2_w, w.d_ln2_b, LocalRows(dln_), dx_, a.mid, w.ln2_w, a.ln2_mean, a.ln2_rstd,
+               Drop(s, w.global, 1));
   row_parallel_backward(
       "matmul bwd proj", w.d_proj_w, w.d_proj_b, a.att, att_w, [&](int64_t r0, int64_t rows) {
-        mm_.BackwardData(datt_ + r0 * att_w, dbranch_full_ + r0 * h_, w.proj_w, rows, att_w, h_);
+        mm_.BackwardData(datt_ + r0 * att_w, branch_grad_ + r0 * h_, w.proj_w, rows, att_w, h_);
       });
   prof_.Begin("attention bwd");
   attention_->Backward(dqkv_, datt_, a.qkv, a.att, a.stats, attn_workspace_);
@@ -506,10 +515,8 @@ void BF16GptModel::LayerBackward(Slot& s, int l) {
   // d(x[l]) = residual + LayerNorm's share; the part into the previous layer's MLP output (or
   // the embedding) goes through that site's dropout mask.
   prof_.Begin("layernorm bwd");
-  LayerNormBackward<bf16>(dx_, dbranch_, w.d_ln1_w, w.d_ln1_b, LocalRows(dln_), dx_, s.x[l],
-                          w.ln1_w, a.ln1_mean, a.ln1_rstd, rows_l_, h_,
-                          w.global > 0 ? Drop(s, w.global - 1, 2) : Drop(s, -1, 0), scratch(),
-                          MainStream());
+  NormBackward(w.d_ln1_w, w.d_ln1_b, LocalRows(dln_), dx_, s.x[l], w.ln1_w, a.ln1_mean, a.ln1_rstd,
+               w.global > 0 ? Drop(s, w.global - 1, 2) : Drop(s, -1, 0));
   prof_.End();
 }
 
@@ -544,9 +551,8 @@ void BF16GptModel::Backward(int slot, const float* doutput, float loss_scale) {
       num_layers > 0 ? Drop(s, layers_.back().global, 2) : Drop(s, -1, 0);
   if (last_stage_) {
     prof_.Begin("layernorm bwd");
-    LayerNormBackward<bf16>(dx_, dbranch_, stage_.d_lnf_w, stage_.d_lnf_b, s.dlnf, nullptr,
-                            s.x[num_layers], stage_.lnf_w, s.lnf_mean, s.lnf_rstd, rows_l_, h_,
-                            last_drop, scratch(), MainStream());
+    NormBackward(stage_.d_lnf_w, stage_.d_lnf_b, s.dlnf, nullptr, s.x[num_layers], stage_.lnf_w,
+                 s.lnf_mean, s.lnf_rstd, last_drop);
   } else {  // the next stage's gradient of this stage's output
     prof_.Begin("stage input");
     LT_CUDA_CHECK(cudaMemcpyAsync(dx_, doutput, rows_l_ * h_ * sizeof(bf16),
@@ -554,6 +560,7 @@ void BF16GptModel::Backward(int slot, const float* doutput, float loss_scale) {
     LT_CUDA_CHECK(cudaMemcpyAsync(dbranch_, doutput, rows_l_ * h_ * sizeof(bf16),
                                   cudaMemcpyDeviceToDevice, MainStream()));
     Dropout<bf16>(dbranch_, rows_l_, h_, last_drop, MainStream());
+    branch_grad_ = dbranch_full_;
   }
   prof_.End();
   for (int l = num_layers - 1; l >= 0; --l) {
@@ -564,10 +571,10 @@ void BF16GptModel::Backward(int slot, const float* doutput, float loss_scale) {
     prof_.Begin("embedding bwd");
     GatherRowsFrom(dbranch_, dbranch_full_);
     prof_.Begin("embedding bwd");
-    EmbeddingBackward<bf16>(stage_.d_word_emb, dbranch_full_, s.tokens, n_, h_, vocab_begin_,
+    EmbeddingBackward<bf16>(stage_.d_word_emb, branch_grad_, s.tokens, n_, h_, vocab_begin_,
                             vocab_begin_ + vocab_l_, scratch(), MainStream());
-    PositionBackward<bf16>(stage_.d_pos_emb, dbranch_, positions_, rows_l_, h_, scratch(),
-                           MainStream());
+    PositionBackward<bf16>(stage_.d_pos_emb, sp_ ? dbranch_ : branch_grad_, positions_, rows_l_, h_,
+                           scratch(), MainStream());
     prof_.End();
   }
   if (reducer_ != nullptr) reducer_->BackwardDone();

@@ -131,6 +131,12 @@ class BF16GptModel : public StageModel {
   bf16* LocalRows(bf16* full) const { return full + row_offset_ * h_; }
   void LayerForward(Slot& s, int l);
   void LayerBackward(Slot& s, int l);
+  // LayerNorm backward at a residual site: dx_ = dresidual + the norm's input gradient, and the
+  // branch's output gradient (dx_ through the site's dropout) in dbranch_. With no dropout there
+  // and no SP the two are equal: only dx_ is written and branch_grad_ points the branch at it.
+  void NormBackward(float* dw, float* db, const bf16* dout, const bf16* dresidual, const bf16* x,
+                    const float* w, const float* mean, const float* rstd,
+                    const HiddenDropout& drop);
   // Closes layer l: x[l+1] = mid + dropout(mlp output), then LayerNorm into `out` (all rows).
   void ResidualNorm(Slot& s, int l, bf16* out, float* mean, float* rstd, const float* w,
                     const float* b, bool gather);
@@ -202,6 +208,7 @@ class BF16GptModel : public StageModel {
   bool loss_pending_ = false;
   // Backward scratch (one backward at a time).
   bf16 *dx_, *dbranch_, *dbranch_full_, *dln_, *dqkv_, *datt_, *dfc_;
+  const bf16* branch_grad_ = nullptr;  // all rows of the branch's output gradient: see NormBackward
   bf16 *recv_input_, *recv_grad_;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
