@@ -63,6 +63,8 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
   app.add_flag("--overlap-param-gather", a->overlap_param_gather,
                "Accepted (parameters are gathered after the step)");
   app.add_option("--ddp-bucket-size", a->ddp_bucket_size, "Gradient all-reduce bucket (elements)");
+  app.add_flag("--grad-reduce-in-bf16", a->grad_reduce_in_bf16,
+               "bf16 model: data-parallel gradients cross rounded to bf16 (half the bytes)");
   // Training.
   app.add_option("--micro-batch-size", a->micro_batch_size, "Micro-batch size");
   app.add_option("--global-batch-size", a->global_batch_size, "Global batch size");
@@ -269,6 +271,7 @@ absl::Status ValidateTrainArgs(TrainArgs* a) {
     return bad("--ops-backend ", a->backend, " is not in this build (cpu; built without CUDA)");
 #endif
   if (a->bf16 && a->backend != "cuda") return bad("--bf16 needs --ops-backend cuda");
+  if (a->grad_reduce_in_bf16 && !a->bf16) return bad("--grad-reduce-in-bf16 needs --bf16");
   return absl::OkStatus();
 }
 

@@ -44,7 +44,7 @@ struct TrainArgs {
   int nproc_per_node = 0;
   std::string recompute_granularity, recompute_method;  // empty: none
   int64_t recompute_num_layers = 0;
-  bool overlap_grad_reduce = false, overlap_param_gather = false;
+  bool overlap_grad_reduce = false, overlap_param_gather = false, grad_reduce_in_bf16 = false;
   // Training.
   int64_t micro_batch_size = 1, global_batch_size = 0, train_iters = 0;
   double lr = 0.0, min_lr = 0.0, lr_warmup_init = 0.0;

@@ -256,6 +256,7 @@ absl::Status Trainer::Run() {
     bo.overlap_grad_reduce = args_.overlap_grad_reduce;
     bo.distributed_optimizer = args_.use_distributed_optimizer;
     bo.overlap_param_gather = args_.overlap_param_gather;
+    bo.grad_reduce_in_bf16 = args_.grad_reduce_in_bf16;
     bo.num_micro_batches = static_cast<int>(args_.num_micro_batches());
     bo.tp = g_.tp.get();
     bo.pp_rank = g_.coords.pp;

@@ -668,6 +668,35 @@ TYPED_TEST(KernelTest, ConvertAndFill) {
   }
 }
 
+// The data-parallel reduction in bf16 (--grad-reduce-in-bf16): s = bf16(bf16(a) + b) into a and
+// out, and bf16 back to float, bit for bit against the host's rounding; vector and misaligned
+// (element by element) paths.
+TEST_F(GpuTest, AddRoundedBf16AndConvertToFloat) {
+  auto rounded_sum = [](float a, float b) { return RoundT<bf16>({RoundT<bf16>({a})[0] + b})[0]; };
+  for (size_t n : {size_t{5}, size_t{100007}}) {
+    for (size_t offset : {size_t{0}, size_t{1}}) {
+      SCOPED_TRACE(testing::Message() << "n " << n << " offset " << offset);
+      const auto a = Rand(n + 1, 150, 3.0f), b = RoundT<bf16>(Rand(n + 1, 151, 3.0f));
+      Dev<float> da(a);
+      Dev<bf16> db(ToT<bf16>(b)), out(ToT<bf16>(std::vector<float>(n + 1, 7.0f)));
+      AddRoundedBf16(da.get() + offset, db.get() + offset, out.get() + offset, n, MainStream());
+      std::vector<float> want = a, sent(n + 1, 7.0f);
+      for (size_t i = offset; i < offset + n; ++i) sent[i] = want[i] = rounded_sum(a[i], b[i]);
+      EXPECT_TRUE(BitwiseEqual(da.Download(), want)) << "sum kept";
+      EXPECT_TRUE(BitwiseEqual(DownF(out), sent)) << "sum sent";
+      AddRoundedBf16(da.get() + offset, db.get() + offset, nullptr, n, MainStream());
+      for (size_t i = offset; i < offset + n; ++i) want[i] = rounded_sum(want[i], b[i]);
+      EXPECT_TRUE(BitwiseEqual(da.Download(), want)) << "without out";
+      Dev<float> f(std::vector<float>(n + 1, -1.0f));
+      ConvertToFloat(f.get() + offset, out.get() + offset, n, MainStream());
+      std::vector<float> conv = sent;
+      if (offset == 1) conv[0] = -1.0f;
+      if (offset == 0) conv[n] = -1.0f;
+      EXPECT_TRUE(BitwiseEqual(f.Download(), conv)) << "to float";
+    }
+  }
+}
+
 // x = residual + Dropout(branch), LayerNorm(x) (or RMSNorm), against CpuOps on the T-rounded
 // inputs, with x rounded to T as the kernel stores it. With `two_branches` (LayerNorm) the branch
 // comes in two addends, summed and rounded to T first.

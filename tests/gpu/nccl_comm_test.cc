@@ -31,8 +31,10 @@
 #include <thread>
 #include <vector>
 
+#include "libckpt/dtype.h"
 #include "trainer/comm.h"
 #include "trainer/cuda/cuda_util.h"
+#include "trainer/cuda/grad_reduce.h"
 #include "trainer/cuda/kernels.h"
 #include "trainer/cuda/peer_exchange.h"
 
@@ -522,6 +524,69 @@ void CheckPeerExchange(const std::string& name, Communicator* comm, int world_ra
   LT_CUDA_CHECK(cudaStreamSynchronize(MainStream()));
 }
 
+// The data-parallel gradient reduction of the bf16 model (GradReducer) between two ranks: by copy
+// engine and by NCCL, all-reduce and reduce-scatter (distributed optimizer), in fp32 and in bf16
+// (--grad-reduce-in-bf16), against sums made here: every element, or with reduce-scatter this
+// rank's part of each bucket, bit for bit. The first bucket spans several copy-engine pieces.
+void CheckGradReducer(const std::string& name, Communicator* comm, Checker& c) {
+  NcclCommunicator* nc = AsNccl(comm);
+  const int me = comm->rank();
+  const size_t big = (size_t{32} << 20) + 12347, small = 77777, n = big + small;
+  const std::vector<DpBucket> buckets = {{0, big, 0, 0}, {big, small, -1, -1}};
+  auto value = [](int rank, size_t i) {
+    return std::ldexp(static_cast<float>((i * 2654435761u + rank * 7919u) % 1000003u), -12) -
+           100.0f;
+  };
+  auto bf = [](float x) { return ckpt::BFloat16ToFloat(ckpt::FloatToBFloat16(x)); };
+  std::vector<float> mine(n), fp32_sum(n), bf16_sum(n);
+  for (size_t i = 0; i < n; ++i) {
+    mine[i] = value(me, i);
+    const float theirs = value(1 - me, i);
+    fp32_sum[i] = mine[i] + theirs;
+    bf16_sum[i] = bf(bf(mine[i]) + bf(theirs));
+  }
+  DeviceBuffer<float> grad(n), data(n);
+  DeviceBuffer<cuda::bf16> low(n);
+  int checked = 0;
+  for (bool copy_engine : {true, false}) {
+    setenv("LEANTRON_DP_COPY_ENGINE", copy_engine ? "1" : "0", 1);
+    for (bool distributed : {false, true}) {
+      for (bool in_bf16 : {false, true}) {
+        const std::string what = name + (copy_engine ? " copy engine" : " NCCL") +
+                                 (distributed ? " reduce-scatter" : " all-reduce") +
+                                 (in_bf16 ? " in bf16" : " in fp32");
+        grad.Upload(mine);
+        cuda::GradReducer::Options o;
+        o.overlap_grad_reduce = true;
+        o.distributed = distributed;
+        o.reduce_in_bf16 = in_bf16;
+        {
+          cuda::GradReducer r(nc, grad.get(), data.get(), low.get(), buckets, o);
+          r.BeginBackward(true);
+          r.LayerDone(0);  // the first bucket during the "backward", the embeddings' at its end
+          r.BackwardDone();
+          LT_CUDA_CHECK(cudaStreamSynchronize(MainStream()));
+        }
+        const std::vector<float> got = grad.Download(n);
+        const std::vector<float>& sum = in_bf16 ? bf16_sum : fp32_sum;
+        std::vector<float> g, w;
+        for (const DpBucket& b : buckets) {
+          const auto [first, last] =
+              distributed ? b.Part(me, 2) : std::pair<size_t, size_t>{b.offset, b.offset + b.numel};
+          g.insert(g.end(), got.begin() + first, got.begin() + last);
+          w.insert(w.end(), sum.begin() + first, sum.begin() + last);
+        }
+        c.Expect(g.size() > n / 3, what + " checks its part");
+        c.Equal(g, w, what);
+        ++checked;
+      }
+    }
+  }
+  unsetenv("LEANTRON_DP_COPY_ENGINE");
+  std::printf("rank %d: GradReducer: %d configurations checked\n", comm->rank(), checked);
+  std::fflush(stdout);
+}
+
 struct Expected {
   std::vector<int> world, tp, dp, pp, model, embedding;
 };
@@ -571,6 +636,7 @@ int RunChecks(int rank, const ParallelSizes& sizes) {
     if (g.tp->size() == 2) CheckRing("tp", g.tp.get(), rank, user, c);
     if (g.tp->size() > 1) CheckPeerExchange("tp", g.tp.get(), rank, c);
     if (g.world->size() > 1) CheckPeerExchange("world", g.world.get(), rank, c);
+    if (g.dp->size() == 2) CheckGradReducer("dp", g.dp.get(), c);
     g.world->Barrier();
     LT_CUDA_CHECK(cudaStreamSynchronize(user));
     LT_CUDA_CHECK(cudaStreamDestroy(user));

@@ -1,6 +1,6 @@
 """Two-GPU tests (device kind nvidia-h200-x2; scripts/device_check.sh multi): the bf16 model under
 DP2 (plain, overlapped gradient reduce, distributed optimizer with and without overlap; by copy
-engine and by NCCL), TP2, TP2+SP and PP2 (1F1B and
+engine and by NCCL; gradients reduced in fp32 and in bf16), TP2, TP2+SP and PP2 (1F1B and
 interleaved) against one GPU within bf16 tolerance over 50 steps; the float32 model over NCCL
 (TP2+SP, interleaved PP2) against one GPU; resuming a checkpoint under another layout; and a
 killed rank stopping the other instead of hanging."""
@@ -81,6 +81,10 @@ LAYOUTS = {
     "dp2-nccl": ["--overlap-grad-reduce"],
     "dp2-distopt-nccl": ["--use-distributed-optimizer", "--overlap-grad-reduce",
                          "--overlap-param-gather"],
+    # Gradients crossing in bf16 (--grad-reduce-in-bf16), both ways of moving them.
+    "dp2-bf16-reduce": ["--overlap-grad-reduce", "--grad-reduce-in-bf16"],
+    "dp2-distopt-bf16-reduce-nccl": ["--use-distributed-optimizer", "--overlap-grad-reduce",
+                                     "--grad-reduce-in-bf16"],
     "tp2": ["--tensor-model-parallel-size", "2"],
     "tp2-sp": ["--tensor-model-parallel-size", "2", "--sequence-parallel"],
     "pp2": ["--pipeline-model-parallel-size", "2"],
@@ -88,7 +92,8 @@ LAYOUTS = {
                         "--num-layers-per-virtual-pipeline-stage", "1"],
 }
 ENV = {"dp2-nccl": {"LEANTRON_DP_COPY_ENGINE": "0"},
-       "dp2-distopt-nccl": {"LEANTRON_DP_COPY_ENGINE": "0"}}
+       "dp2-distopt-nccl": {"LEANTRON_DP_COPY_ENGINE": "0"},
+       "dp2-distopt-bf16-reduce-nccl": {"LEANTRON_DP_COPY_ENGINE": "0"}}
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
@@ -102,6 +107,7 @@ def test_bf16_layouts_match_one_gpu(dataset, one_gpu_bf16, name):
         assert valid[it] == pytest.approx(v, rel=0.02)
     if "--overlap-grad-reduce" in extra:
         kind = "reduce-scatter" if "--use-distributed-optimizer" in extra else "all-reduce"
+        kind += " in bf16" if "--grad-reduce-in-bf16" in extra else ""
         assert f"data-parallel gradient {kind} overlapped with the backward" in proc.stdout
 
 

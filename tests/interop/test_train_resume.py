@@ -135,6 +135,7 @@ def one_line_error(proc, text):
     (["--sequence-parallel", "--tensor-model-parallel-size", "2", "--seq-length", "31"], 2,
      "--sequence-parallel needs --seq-length 31 divisible by TP 2"),
     (["--fp16"], None, "--fp16 is not implemented (loss scaling); use --bf16"),
+    (["--grad-reduce-in-bf16"], 2, "--grad-reduce-in-bf16 needs --bf16"),
 ])
 def test_bad_settings_are_refused_up_front(dataset, tmp_path, extra, nproc, text):
     proc = run_train(common(dataset) + extra, nproc=nproc, ok=False)

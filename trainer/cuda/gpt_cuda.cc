@@ -152,6 +152,7 @@ BF16GptModel::BF16GptModel(const ckpt::ModelLayout& layout, ParamStore* params,
     ro.overlap_grad_reduce = opt_.overlap_grad_reduce;
     ro.distributed = opt_.distributed_optimizer;
     ro.overlap_param_gather = opt_.overlap_param_gather;
+    ro.reduce_in_bf16 = opt_.grad_reduce_in_bf16;
     reducer_ = std::make_unique<GradReducer>(dp, params_->grad(), params_->data(), w16_,
                                              opt_.dp_buckets, ro);
   }
@@ -523,9 +524,10 @@ void BF16GptModel::LayerBackward(Slot& s, int l) {
 std::string BF16GptModel::TimeReport() const {
   if (reducer_ == nullptr || measured_steps_ == 0) return {};
   return absl::StrFormat(
-      "data-parallel gradient %s %s: %.1f ms per step from the first bucket to the last, %.1f ms "
-      "of it exposed (the backward had finished)",
+      "data-parallel gradient %s%s %s: %.1f ms per step from the first bucket to the last, %.1f "
+      "ms of it exposed (the backward had finished)",
       opt_.distributed_optimizer ? "reduce-scatter" : "all-reduce",
+      opt_.grad_reduce_in_bf16 ? " in bf16" : "",
       opt_.overlap_grad_reduce ? "overlapped with the backward" : "after the backward",
       comm_ms_ / measured_steps_, exposed_ms_ / measured_steps_);
 }

@@ -47,6 +47,7 @@ struct BF16Options {
   Communicator* tp = nullptr;
   int pp_rank = 0, virtual_chunk = 0;
   bool overlap_grad_reduce = false;
+  bool grad_reduce_in_bf16 = false;  // the data-parallel reduction in bf16 (GradReducer)
   int num_micro_batches = 1;
 };
 

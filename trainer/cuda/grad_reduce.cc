@@ -52,6 +52,11 @@ GradReducer::GradReducer(NcclCommunicator* dp, float* grad, float* data, bf16* l
   for (cudaEvent_t& e : gathered_)
     LT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   gather_pending_.assign(buckets_.size(), false);
+  if (opt_.reduce_in_bf16) {
+    size_t largest = 0;
+    for (const DpBucket& b : buckets_) largest = std::max(largest, b.numel);
+    LT_CUDA_CHECK(cudaMalloc(&stage_, std::max<size_t>(largest, 1) * sizeof(bf16)));
+  }
   const char* ce = std::getenv("LEANTRON_DP_COPY_ENGINE");
   if (dp_->size() == 2 && (ce == nullptr || ce[0] != '0')) {
     exchange_ = PeerExchange::Create(dp_, (kPieceElements / 2 + 1) * sizeof(float));
@@ -62,6 +67,7 @@ GradReducer::~GradReducer() {
   cudaStreamSynchronize(comm_);
   for (cudaEvent_t e : {ready_, comm_start_, compute_done_, comm_done_}) cudaEventDestroy(e);
   for (cudaEvent_t e : gathered_) cudaEventDestroy(e);
+  if (stage_ != nullptr) cudaFree(stage_);
 }
 
 void GradReducer::Launch(const DpBucket& b) {
@@ -71,50 +77,86 @@ void GradReducer::Launch(const DpBucket& b) {
     LT_CUDA_CHECK(cudaEventRecord(comm_start_, comm_));
     started_ = true;
   }
-  const int size = dp_->size();
-  if (!opt_.distributed) {
-    if (exchange_ != nullptr) {
-      CopyEngineAllReduce(grad_ + b.offset, b.numel);
-    } else {
-      dp_->AllReduce(grad_ + b.offset, b.numel, CommType::kF32, comm_);
-    }
-  } else if (exchange_ != nullptr) {
+  if (exchange_ == nullptr) {
+    NcclReduce(b);
+  } else if (opt_.distributed) {
     CopyEngineReduceScatter(b);
   } else {
-    // Reduce-scatter into parts of unequal length: one reduce per part, rooted at its owner.
-    dp_->Enqueue("ReduceScatter", comm_, [&](ncclComm_t c) {
-      ncclResult_t r = ncclGroupStart();
-      for (int q = 0; q < size && r == ncclSuccess; ++q) {
-        const auto [first, last] = b.Part(q, size);
-        if (first < last)
-          r = ncclReduce(grad_ + first, grad_ + first, last - first, ncclFloat32, ncclSum, q, c,
-                         comm_);
-      }
-      const ncclResult_t end = ncclGroupEnd();
-      return r != ncclSuccess ? r : end;
-    });
+    CopyEngineAllReduce(b);
   }
+}
+
+// All-reduce, or reduce-scatter into parts of unequal length: one reduce per part, rooted at its
+// owner. In bf16 through the staging copy, converted back where the sum is kept.
+void GradReducer::NcclReduce(const DpBucket& b) {
+  const int rank = dp_->rank(), size = dp_->size();
+  const bool low = opt_.reduce_in_bf16;
+  float* const g = grad_ + b.offset;
+  if (low) ConvertFromFloat<bf16>(stage_, g, b.numel, comm_);
+  if (!opt_.distributed) {
+    if (low) {
+      dp_->AllReduce(stage_, b.numel, CommType::kBF16, comm_);
+      ConvertToFloat(g, stage_, b.numel, comm_);
+    } else {
+      dp_->AllReduce(g, b.numel, CommType::kF32, comm_);
+    }
+    return;
+  }
+  dp_->Enqueue("ReduceScatter", comm_, [&](ncclComm_t c) {
+    ncclResult_t r = ncclGroupStart();
+    for (int q = 0; q < size && r == ncclSuccess; ++q) {
+      const auto [first, last] = b.Part(q, size);
+      if (first >= last) continue;
+      r = low ? ncclReduce(Stage(first, b), Stage(first, b), last - first, ncclBfloat16, ncclSum, q,
+                           c, comm_)
+              : ncclReduce(grad_ + first, grad_ + first, last - first, ncclFloat32, ncclSum, q, c,
+                           comm_);
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    return r != ncclSuccess ? r : end;
+  });
+  const auto [first, last] = b.Part(rank, size);
+  if (low && first < last) ConvertToFloat(grad_ + first, Stage(first, b), last - first, comm_);
 }
 
 // Piece by piece: rank 0 owns the first half, rank 1 the second. Each sends the half it does not
 // own, adds the peer's copy of its own half into it, sends the sum back and takes the peer's sum
-// of the other half: every element is added once, so both ranks hold the same bits.
-void GradReducer::CopyEngineAllReduce(float* data, size_t n) {
+// of the other half: every element is added once, so both ranks hold the same bits. In bf16 the
+// halves cross as their staged bf16 copies.
+void GradReducer::CopyEngineAllReduce(const DpBucket& b) {
   const int rank = dp_->rank(), peer = 1 - rank;
-  for (size_t begin = 0; begin < n; begin += kPieceElements) {
-    const size_t count = std::min(kPieceElements, n - begin);
+  const bool low = opt_.reduce_in_bf16;
+  const size_t elem = low ? sizeof(bf16) : sizeof(float);
+  for (size_t begin = b.offset; begin < b.offset + b.numel; begin += kPieceElements) {
+    const size_t count = std::min(kPieceElements, b.offset + b.numel - begin);
     const size_t half = count / 2;
-    float* part[2] = {data + begin, data + begin + half};
+    const size_t first[2] = {begin, begin + half};
     const size_t len[2] = {half, count - half};
-    exchange_->Send(part[peer], len[peer] * sizeof(float), comm_);
+    float* part[2] = {grad_ + first[0], grad_ + first[1]};
+    bf16* stage[2] = {Stage(first[0], b), Stage(first[1], b)};
+    if (low) ConvertFromFloat<bf16>(stage[peer], part[peer], len[peer], comm_);
+    exchange_->Send(low ? static_cast<void*>(stage[peer]) : part[peer], len[peer] * elem, comm_);
     exchange_->Receive(
         [&](const void* inbox) {
-          AddInPlace(part[rank], static_cast<const float*>(inbox), len[rank], comm_);
+          if (low) {
+            AddRoundedBf16(part[rank], static_cast<const bf16*>(inbox), stage[rank], len[rank],
+                           comm_);
+          } else {
+            AddInPlace(part[rank], static_cast<const float*>(inbox), len[rank], comm_);
+          }
         },
         comm_);
-    exchange_->Send(part[rank], len[rank] * sizeof(float), comm_);
-    exchange_->WaitSent(comm_);  // the first send has left part[peer]
-    exchange_->Receive(part[peer], len[peer] * sizeof(float), comm_);
+    exchange_->Send(low ? static_cast<void*>(stage[rank]) : part[rank], len[rank] * elem, comm_);
+    exchange_->WaitSent(comm_);  // the first send has left its source
+    if (low) {
+      exchange_->Receive(
+          [&](const void* inbox) {
+            ConvertToFloat(part[peer], static_cast<const bf16*>(inbox), len[peer], comm_);
+          },
+          comm_);
+    } else {
+      exchange_->Receive(part[peer], len[peer] * elem, comm_);
+    }
   }
   exchange_->WaitSent(comm_);
 }
@@ -122,13 +164,22 @@ void GradReducer::CopyEngineAllReduce(float* data, size_t n) {
 // The bucket's two parts (DpBucket::Part) in rounds of half a piece: send a run of the peer's
 // part, add the peer's run of this rank's part into it. Nothing is sent back.
 void GradReducer::CopyEngineReduceScatter(const DpBucket& b) {
+  const bool low = opt_.reduce_in_bf16;
   PartRounds(
       b, 1 - dp_->rank(), kPieceElements / 2,
-      [&](size_t first, size_t len) { exchange_->Send(grad_ + first, len * sizeof(float), comm_); },
+      [&](size_t first, size_t len) {
+        if (!low) return exchange_->Send(grad_ + first, len * sizeof(float), comm_);
+        ConvertFromFloat<bf16>(Stage(first, b), grad_ + first, len, comm_);
+        exchange_->Send(Stage(first, b), len * sizeof(bf16), comm_);
+      },
       [&](size_t first, size_t len) {
         exchange_->Receive(
             [&](const void* inbox) {
-              AddInPlace(grad_ + first, static_cast<const float*>(inbox), len, comm_);
+              if (low) {
+                AddRoundedBf16(grad_ + first, static_cast<const bf16*>(inbox), nullptr, len, comm_);
+              } else {
+                AddInPlace(grad_ + first, static_cast<const float*>(inbox), len, comm_);
+              }
             },
             comm_);
       });

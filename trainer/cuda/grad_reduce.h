@@ -5,7 +5,9 @@
 //   otherwise all at the end. Summed everywhere (all-reduce), or with the distributed optimizer
 //   only into the part of each bucket this rank owns (reduce-scatter). The compute stream waits
 //   for the last bucket only when the backward is done; that wait is the exposed part of the
-//   communication, measured with events and reported per step.
+//   communication, measured with events and reported per step. With reduce_in_bf16
+//   (--grad-reduce-in-bf16) what crosses is each rank's gradient rounded to bf16, summed and
+//   rounded to bf16 again (half the bytes of fp32); every rank keeps that sum, in fp32.
 //   parameters (distributed optimizer): after the step every rank holds its parts of the fp32
 //   weights (and of the bf16 copy) stepped; GatherParams sends them to the other ranks, buckets
 //   in the forward's order, converting what arrives to bf16, and WaitParams makes the forward
@@ -31,6 +33,7 @@ class GradReducer {
     bool overlap_grad_reduce = false;
     bool distributed = false;           // reduce-scatter gradients, gather parameters
     bool overlap_param_gather = false;  // wait per layer in the forward
+    bool reduce_in_bf16 = false;
   };
   // `grad`, `data` and `low` (the bf16 copy) are the flat buffers the buckets index.
   GradReducer(NcclCommunicator* dp, float* grad, float* data, bf16* low,
@@ -55,8 +58,10 @@ class GradReducer {
 
  private:
   void Launch(const DpBucket& b);
-  void CopyEngineAllReduce(float* data, size_t n);
+  void CopyEngineAllReduce(const DpBucket& b);
   void CopyEngineReduceScatter(const DpBucket& b);
+  void NcclReduce(const DpBucket& b);
+  bf16* Stage(size_t first, const DpBucket& b) const { return stage_ + (first - b.offset); }
   void Gather(const DpBucket& b);
   NcclCommunicator* dp_;
   float* grad_;
@@ -77,6 +82,7 @@ class GradReducer {
   std::vector<cudaEvent_t> gathered_;  // per bucket
   std::vector<bool> gather_pending_;   // per bucket: not waited for yet this step
   std::unique_ptr<PeerExchange> exchange_;
+  bf16* stage_ = nullptr;  // reduce_in_bf16: the bucket's gradient rounded to bf16 (largest bucket)
   // Elements reduced per copy-engine round (the inbox holds half of it twice: 64 MiB each).
   static constexpr size_t kPieceElements = size_t{32} << 20;
 };

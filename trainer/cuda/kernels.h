@@ -139,8 +139,13 @@ size_t SumSquaresScratchBytes(size_t n);
 // ---- float32 kernels behind CudaOps (CpuOps's semantics) ----
 
 void AddInPlace(float* a, const float* b, size_t n, cudaStream_t s);  // a += b
-// Loads the kernels that run between two ranks' stream waits on each other (AddInPlace, and
-// ConvertFromFloat<bf16> for gathered weights) now:
+// Gradient reduction in bf16 (--grad-reduce-in-bf16) between two ranks: s = bf16(bf16(a) + b),
+// the sum a bf16 all-reduce makes of the two ranks' gradients rounded to bf16; a = s and, unless
+// null, out = s (the copy sent back).
+void AddRoundedBf16(float* a, const bf16* b, bf16* out, size_t n, cudaStream_t s);
+void ConvertToFloat(float* out, const bf16* in, size_t n, cudaStream_t s);
+// Loads the kernels that run between two ranks' stream waits on each other (AddInPlace,
+// AddRoundedBf16, ConvertToFloat, and ConvertFromFloat<bf16> for gathered weights) now:
 // under lazy loading (CUDA's default) a kernel's first launch may wait for the whole device,
 // which never idles while its streams wait for a peer blocked the same way.
 void LoadPeerExchangeKernels();

@@ -157,6 +157,33 @@ struct AddOp {
   }
 };
 
+struct AddRoundedOp {
+  float* a;
+  const bf16* b;
+  bf16* out;
+  template <int W>
+  __device__ void Apply(size_t i) const {
+    float x[W], y[W];
+    Load<W>(x, a + i);
+    Load<W>(y, b + i);
+#pragma unroll
+    for (int j = 0; j < W; ++j) x[j] = RoundTo<bf16>(RoundTo<bf16>(x[j]) + y[j]);
+    Store<W>(a + i, x);
+    if (out != nullptr) Store<W>(out + i, x);
+  }
+};
+
+struct ToFloatOp {
+  float* out;
+  const bf16* in;
+  template <int W>
+  __device__ void Apply(size_t i) const {
+    float v[W];
+    Load<W>(v, in + i);
+    Store<W>(out + i, v);
+  }
+};
+
 struct AddBiasOp {
   float* out;
   const float* bias;
@@ -222,9 +249,20 @@ void AddInPlace(float* a, const float* b, size_t n, cudaStream_t s) {
   LaunchMap<4>(AddOp{a, b}, n, Aligned16(a) && Aligned16(b), s);
 }
 
+void AddRoundedBf16(float* a, const bf16* b, bf16* out, size_t n, cudaStream_t s) {
+  LaunchMap<kVec<bf16>>(AddRoundedOp{a, b, out}, n,
+                        Aligned16(a) && Aligned16(b) && (out == nullptr || Aligned16(out)), s);
+}
+
+void ConvertToFloat(float* out, const bf16* in, size_t n, cudaStream_t s) {
+  LaunchMap<kVec<bf16>>(ToFloatOp{out, in}, n, Aligned16(out) && Aligned16(in), s);
+}
+
 void LoadPeerExchangeKernels() {
   cudaFuncAttributes attributes;
   LT_CUDA_CHECK(cudaFuncGetAttributes(&attributes, MapKernel<4, AddOp>));
+  LT_CUDA_CHECK(cudaFuncGetAttributes(&attributes, MapKernel<kVec<bf16>, AddRoundedOp>));
+  LT_CUDA_CHECK(cudaFuncGetAttributes(&attributes, MapKernel<kVec<bf16>, ToFloatOp>));
   LT_CUDA_CHECK(cudaFuncGetAttributes(&attributes, MapKernel<kVec<bf16>, ConvertOp<bf16>>));
 }
 
