@@ -562,6 +562,8 @@ void CheckGradReducer(const std::string& name, Communicator* comm, Checker& c) {
         o.reduce_in_bf16 = in_bf16;
         {
           cuda::GradReducer r(nc, grad.get(), data.get(), low.get(), buckets, o);
+          c.Expect(r.transport() == std::string(copy_engine ? "copy engine" : "NCCL"),
+                   what + ": reduced by " + r.transport());
           r.BeginBackward(true);
           r.LayerDone(0);  // the first bucket during the "backward", the embeddings' at its end
           r.BackwardDone();

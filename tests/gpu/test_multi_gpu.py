@@ -109,6 +109,9 @@ def test_bf16_layouts_match_one_gpu(dataset, one_gpu_bf16, name):
         kind = "reduce-scatter" if "--use-distributed-optimizer" in extra else "all-reduce"
         kind += " in bf16" if "--grad-reduce-in-bf16" in extra else ""
         assert f"data-parallel gradient {kind} overlapped with the backward" in proc.stdout
+    if name.startswith("dp2"):
+        nccl = ENV.get(name, {}).get("LEANTRON_DP_COPY_ENGINE") == "0"
+        assert f"by {'NCCL' if nccl else 'copy engine'}" in proc.stdout
 
 
 @pytest.mark.parametrize("extra", [["--tensor-model-parallel-size", "2", "--sequence-parallel"],

@@ -55,6 +55,8 @@ class GradReducer {
   // The compute stream waits for the gathered weights of chunk layer `layer`, or with layer < 0
   // for the embeddings, final norm and output layer. Nothing once the step's forward has them.
   void WaitParams(int layer);
+  // How gradients move: "copy engine" or "NCCL".
+  const char* transport() const { return exchange_ != nullptr ? "copy engine" : "NCCL"; }
 
  private:
   void Launch(const DpBucket& b);

@@ -26,10 +26,11 @@ __device__ __forceinline__ float GeluGrad(float x, bool tanh_approx) {
   return 0.5f * (1.0f + erff(x * kInvSqrt2)) + x * kInvSqrt2Pi * expf(-0.5f * x * x);
 }
 
-template <typename T>
+// out = in, converted (rounded to nearest even when narrowing).
+template <typename Out, typename In>
 struct ConvertOp {
-  T* out;
-  const float* in;
+  Out* out;
+  const In* in;
   template <int W>
   __device__ void Apply(size_t i) const {
     float v[W];
@@ -173,17 +174,6 @@ struct AddRoundedOp {
   }
 };
 
-struct ToFloatOp {
-  float* out;
-  const bf16* in;
-  template <int W>
-  __device__ void Apply(size_t i) const {
-    float v[W];
-    Load<W>(v, in + i);
-    Store<W>(out + i, v);
-  }
-};
-
 struct AddBiasOp {
   float* out;
   const float* bias;
@@ -204,7 +194,7 @@ struct AddBiasOp {
 
 template <typename T>
 void ConvertFromFloat(T* out, const float* in, size_t n, cudaStream_t s) {
-  LaunchMap<kVec<T>>(ConvertOp<T>{out, in}, n, Aligned16(out) && Aligned16(in), s);
+  LaunchMap<kVec<T>>(ConvertOp<T, float>{out, in}, n, Aligned16(out) && Aligned16(in), s);
 }
 
 template <typename T>
@@ -255,15 +245,15 @@ void AddRoundedBf16(float* a, const bf16* b, bf16* out, size_t n, cudaStream_t s
 }
 
 void ConvertToFloat(float* out, const bf16* in, size_t n, cudaStream_t s) {
-  LaunchMap<kVec<bf16>>(ToFloatOp{out, in}, n, Aligned16(out) && Aligned16(in), s);
+  LaunchMap<kVec<bf16>>(ConvertOp<float, bf16>{out, in}, n, Aligned16(out) && Aligned16(in), s);
 }
 
 void LoadPeerExchangeKernels() {
   cudaFuncAttributes attributes;
   LT_CUDA_CHECK(cudaFuncGetAttributes(&attributes, MapKernel<4, AddOp>));
   LT_CUDA_CHECK(cudaFuncGetAttributes(&attributes, MapKernel<kVec<bf16>, AddRoundedOp>));
-  LT_CUDA_CHECK(cudaFuncGetAttributes(&attributes, MapKernel<kVec<bf16>, ToFloatOp>));
-  LT_CUDA_CHECK(cudaFuncGetAttributes(&attributes, MapKernel<kVec<bf16>, ConvertOp<bf16>>));
+  LT_CUDA_CHECK(cudaFuncGetAttributes(&attributes, MapKernel<kVec<bf16>, ConvertOp<float, bf16>>));
+  LT_CUDA_CHECK(cudaFuncGetAttributes(&attributes, MapKernel<kVec<bf16>, ConvertOp<bf16, float>>));
 }
 
 void AddBias(float* out, const float* bias, int64_t rows, int64_t cols, cudaStream_t s) {
