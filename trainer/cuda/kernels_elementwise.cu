@@ -1,6 +1,6 @@
-// Elementwise kernels: conversions, fills, GELU, SwiGLU, hidden dropout, and the float32 helpers
-// of CudaOps (scale, add, bias). Grid-stride over 16-byte vectors when every pointer is aligned
-// (and rows are whole vectors), element by element otherwise.
+// Elementwise kernels: conversions, fills, GELU, SwiGLU, hidden dropout, the float32 helpers of
+// CudaOps (add, bias) and the bf16 gradient reduction's add. Grid-stride over 16-byte vectors when
+// every pointer is aligned (and rows are whole vectors), element by element otherwise.
 #include "trainer/cuda/kernels.h"
 #include "trainer/cuda/kernels_common.cuh"
 
