@@ -22,6 +22,8 @@ ROWS = [
     # (power, clocks, CPU) costs a step before any data-parallel communication.
     ("1 GPU on each GPU at once", 1, 32, 32, [], "–"),
     ("DP2", 2, 32, 64, ["--overlap-grad-reduce"], "437 ms"),
+    # The whole reduction after the backward: nothing runs beside the compute, all of it exposed.
+    ("DP2, reduction after the backward", 2, 32, 64, [], "–"),
     ("DP2, distributed optimizer", 2, 32, 64,
      ["--overlap-grad-reduce", "--use-distributed-optimizer", "--overlap-param-gather"], "–"),
     ("TP2", 2, 64, 64, ["--tensor-model-parallel-size", "2"], "543 ms, 86 GB"),
