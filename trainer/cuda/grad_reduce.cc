@@ -119,6 +119,29 @@ void GradReducer::NcclReduce(const DpBucket& b) {
   if (low && first < last) ConvertToFloat(grad_ + first, Stage(first, b), last - first, comm_);
 }
 
+// Sends grad[first, first + len) to the peer's inbox: as it is, or rounded to bf16 through the
+// staging copy when reducing in bf16.
+void GradReducer::SendGrad(const DpBucket& b, size_t first, size_t len) {
+  if (!opt_.reduce_in_bf16) return exchange_->Send(grad_ + first, len * sizeof(float), comm_);
+  ConvertFromFloat<bf16>(Stage(first, b), grad_ + first, len, comm_);
+  exchange_->Send(Stage(first, b), len * sizeof(bf16), comm_);
+}
+
+// Adds the peer's copy of grad[first, first + len), when it arrives, into this rank's; in bf16
+// the rounded sum also goes to the staging copy when `stage_sum` (to be sent back).
+void GradReducer::AddArrived(const DpBucket& b, size_t first, size_t len, bool stage_sum) {
+  exchange_->Receive(
+      [&](const void* inbox) {
+        if (opt_.reduce_in_bf16) {
+          AddRoundedBf16(grad_ + first, static_cast<const bf16*>(inbox),
+                         stage_sum ? Stage(first, b) : nullptr, len, comm_);
+        } else {
+          AddInPlace(grad_ + first, static_cast<const float*>(inbox), len, comm_);
+        }
+      },
+      comm_);
+}
+
 // Piece by piece: rank 0 owns the first half, rank 1 the second. Each sends the half it does not
 // own, adds the peer's copy of its own half into it, sends the sum back and takes the peer's sum
 // of the other half: every element is added once, so both ranks hold the same bits. In bf16 the
@@ -126,36 +149,27 @@ void GradReducer::NcclReduce(const DpBucket& b) {
 void GradReducer::CopyEngineAllReduce(const DpBucket& b) {
   const int rank = dp_->rank(), peer = 1 - rank;
   const bool low = opt_.reduce_in_bf16;
-  const size_t elem = low ? sizeof(bf16) : sizeof(float);
   for (size_t begin = b.offset; begin < b.offset + b.numel; begin += kPieceElements) {
     const size_t count = std::min(kPieceElements, b.offset + b.numel - begin);
-    const size_t half = count / 2;
-    const size_t first[2] = {begin, begin + half};
-    const size_t len[2] = {half, count - half};
-    float* part[2] = {grad_ + first[0], grad_ + first[1]};
-    bf16* stage[2] = {Stage(first[0], b), Stage(first[1], b)};
-    if (low) ConvertFromFloat<bf16>(stage[peer], part[peer], len[peer], comm_);
-    exchange_->Send(low ? static_cast<void*>(stage[peer]) : part[peer], len[peer] * elem, comm_);
-    exchange_->Receive(
-        [&](const void* inbox) {
-          if (low) {
-            AddRoundedBf16(part[rank], static_cast<const bf16*>(inbox), stage[rank], len[rank],
-                           comm_);
-          } else {
-            AddInPlace(part[rank], static_cast<const float*>(inbox), len[rank], comm_);
-          }
-        },
-        comm_);
-    exchange_->Send(low ? static_cast<void*>(stage[rank]) : part[rank], len[rank] * elem, comm_);
+    const size_t first[2] = {begin, begin + count / 2};
+    const size_t len[2] = {count / 2, count - count / 2};
+    SendGrad(b, first[peer], len[peer]);
+    AddArrived(b, first[rank], len[rank], /*stage_sum=*/true);
+    if (low) {
+      exchange_->Send(Stage(first[rank], b), len[rank] * sizeof(bf16), comm_);
+    } else {
+      exchange_->Send(grad_ + first[rank], len[rank] * sizeof(float), comm_);
+    }
     exchange_->WaitSent(comm_);  // the first send has left its source
+    float* other = grad_ + first[peer];
     if (low) {
       exchange_->Receive(
           [&](const void* inbox) {
-            ConvertToFloat(part[peer], static_cast<const bf16*>(inbox), len[peer], comm_);
+            ConvertToFloat(other, static_cast<const bf16*>(inbox), len[peer], comm_);
           },
           comm_);
     } else {
-      exchange_->Receive(part[peer], len[peer] * elem, comm_);
+      exchange_->Receive(other, len[peer] * sizeof(float), comm_);
     }
   }
   exchange_->WaitSent(comm_);
@@ -164,25 +178,10 @@ void GradReducer::CopyEngineAllReduce(const DpBucket& b) {
 // The bucket's two parts (DpBucket::Part) in rounds of half a piece: send a run of the peer's
 // part, add the peer's run of this rank's part into it. Nothing is sent back.
 void GradReducer::CopyEngineReduceScatter(const DpBucket& b) {
-  const bool low = opt_.reduce_in_bf16;
   PartRounds(
       b, 1 - dp_->rank(), kPieceElements / 2,
-      [&](size_t first, size_t len) {
-        if (!low) return exchange_->Send(grad_ + first, len * sizeof(float), comm_);
-        ConvertFromFloat<bf16>(Stage(first, b), grad_ + first, len, comm_);
-        exchange_->Send(Stage(first, b), len * sizeof(bf16), comm_);
-      },
-      [&](size_t first, size_t len) {
-        exchange_->Receive(
-            [&](const void* inbox) {
-              if (low) {
-                AddRoundedBf16(grad_ + first, static_cast<const bf16*>(inbox), nullptr, len, comm_);
-              } else {
-                AddInPlace(grad_ + first, static_cast<const float*>(inbox), len, comm_);
-              }
-            },
-            comm_);
-      });
+      [&](size_t first, size_t len) { SendGrad(b, first, len); },
+      [&](size_t first, size_t len) { AddArrived(b, first, len, /*stage_sum=*/false); });
   exchange_->WaitSent(comm_);
 }
 

@@ -63,6 +63,8 @@ class GradReducer {
   void CopyEngineAllReduce(const DpBucket& b);
   void CopyEngineReduceScatter(const DpBucket& b);
   void NcclReduce(const DpBucket& b);
+  void SendGrad(const DpBucket& b, size_t first, size_t len);
+  void AddArrived(const DpBucket& b, size_t first, size_t len, bool stage_sum);
   bf16* Stage(size_t first, const DpBucket& b) const { return stage_ + (first - b.offset); }
   void Gather(const DpBucket& b);
   NcclCommunicator* dp_;
