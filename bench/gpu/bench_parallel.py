@@ -6,7 +6,9 @@ import argparse
 import os
 import re
 import shlex
+import statistics
 import subprocess
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -68,6 +70,44 @@ def parse(p):
             "layers": layers}, None
 
 
+class Clocks:
+    """Samples every GPU's SM clock, power draw and power-cap flag with nvidia-smi while a row
+    runs; summary() keeps the busy samples (utilization >= 90%), so start-up does not count."""
+    FIELDS = "index,utilization.gpu,clocks.sm,power.draw,clocks_event_reasons.sw_power_cap"
+
+    def __enter__(self):
+        self.log = tempfile.TemporaryFile("w+")
+        try:
+            self.proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={self.FIELDS}",
+                                          "--format=csv,noheader,nounits", "-lms", "200"],
+                                         stdout=self.log, stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            self.proc = None
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc:
+            self.proc.terminate()
+            self.proc.wait()
+
+    def summary(self):
+        self.log.seek(0)
+        per_gpu = {}
+        for line in self.log:
+            f = [x.strip() for x in line.split(",")]
+            try:
+                gpu, util, mhz, watts = int(f[0]), float(f[1]), float(f[2]), float(f[3])
+            except (ValueError, IndexError):
+                continue
+            if util >= 90:
+                per_gpu.setdefault(gpu, []).append((mhz, watts, "Active" in f[4]))
+        return "; ".join(
+            f"GPU {g}: SM {statistics.median(m for m, _, _ in s):.0f} MHz, "
+            f"{statistics.median(w for _, w, _ in s):.0f} W, power-capped in "
+            f"{100 * sum(c for _, _, c in s) / len(s):.0f}% of {len(s)} busy samples"
+            for g, s in sorted(per_gpu.items()))
+
+
 def run(bin_dir, procs, mb, gbs, extra, iters, gpus=(None,)):
     """Runs the layout once per entry of gpus at the same time (an entry is CUDA_VISIBLE_DEVICES,
     None to leave it alone); returns the first run's result with every run's step time."""
@@ -77,13 +117,14 @@ def run(bin_dir, procs, mb, gbs, extra, iters, gpus=(None,)):
         env = None if g is None else dict(os.environ, CUDA_VISIBLE_DEVICES=g)
         return parse(subprocess.run(cmd, capture_output=True, text=True, env=env))
 
-    with ThreadPoolExecutor(len(gpus)) as pool:
+    with Clocks() as clocks, ThreadPoolExecutor(len(gpus)) as pool:
         results = list(pool.map(one, gpus))
     for r, err in results:
         if r is None:
             return None, err
     first = results[0][0]
     first["each"] = [r["ms"] for r, _ in results]
+    first["clocks"] = clocks.summary()
     return first, None
 
 
@@ -119,6 +160,8 @@ def main():
         print(lines[-1], flush=True)
         for rep in r["reports"]:
             print("   ", rep, flush=True)
+        if r["clocks"]:
+            print("    clocks:", r["clocks"], flush=True)
         for rank, lay in r["layers"]:
             print(f"    rank {rank}: layers {lay}", flush=True)
     for name in results:
