@@ -135,7 +135,10 @@ std::vector<DpBucket> PlanDpBuckets(const ParamStore& params, int first_layer, i
   for (int l = layers - 1; l >= 0; --l) {
     const auto [first, last] = span[l];
     if (first >= last) continue;
-    if (cur.numel > 0 && cur.offset != last) {  // not adjacent: close the open bucket
+    // Not adjacent, or the chunk's lowest layer: close the open bucket. The lowest layer's bucket
+    // is reduced when the backward is all but done, with nothing left to hide it behind, so it
+    // holds that layer alone; the layers above it are reduced during its backward.
+    if (cur.numel > 0 && (cur.offset != last || l == 0)) {
       out.push_back(cur);
       cur = DpBucket{};
     }

@@ -94,7 +94,8 @@ struct DpBucket {
 };
 
 // One model chunk's buckets, in the backward's order: its layers [first_layer, last_layer) from
-// the last down, neighbours merged up to `bucket_elements`, then the embeddings (`first_chunk`:
+// the last down, neighbours merged up to `bucket_elements` (the lowest layer alone: its bucket is
+// exposed at the end of the backward), then the embeddings (`first_chunk`:
 // the first stage's first chunk) or the final norm and output layer (`last_chunk`).
 std::vector<DpBucket> PlanDpBuckets(const ParamStore& params, int first_layer, int last_layer,
                                     bool first_chunk, bool last_chunk, size_t bucket_elements);

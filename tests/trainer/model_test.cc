@@ -251,6 +251,27 @@ TEST(DpBucketTest, PlansTileTheBufferAndPartsTileTheBuckets) {
   }
 }
 
+// Merging three layers a bucket over 8 layers from the top: 7-5, 4-2, then 1 alone and 0 alone
+// (the lowest layer's bucket is exposed at the end of the backward, so it holds nothing more).
+TEST(DpBucketTest, LowestLayerHasABucketOfItsOwn) {
+  ckpt::ModelConfig config = TinyConfig(false);
+  config.num_layers = 8;
+  auto layout = ckpt::ModelLayout::Create(config, {1, 1, 1});
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  auto ops = *CreateOps("cpu");
+  ParamStore params(ops.get(), *layout, 0, 0, false);
+  size_t layer_numel = 0;
+  for (const ParamView& v : params.views())
+    if (v.name.rfind("decoder.layers.", 0) == 0) layer_numel += v.numel;
+  layer_numel /= 8;
+  const std::vector<DpBucket> plan = PlanDpBuckets(params, 0, 8, true, true, 3 * layer_numel);
+  std::vector<std::pair<int, int>> layers;
+  for (const DpBucket& b : plan)
+    if (b.first_layer >= 0) layers.push_back({b.last_layer, b.first_layer});
+  const std::vector<std::pair<int, int>> expected = {{7, 5}, {4, 2}, {1, 1}, {0, 0}};
+  EXPECT_EQ(layers, expected);
+}
+
 // The distributed optimizer over two in-process Gloo ranks against one optimizer stepping the
 // averaged gradient: each rank steps only its part of every bucket, yet after the step both hold
 // the reference's weights bit for bit, GatherState (a few elements at a time) assembles the
