@@ -112,6 +112,13 @@ std::pair<size_t, size_t> DpBucket::Part(int rank, int size) const {
   return {offset + begin, offset + end};
 }
 
+int DpReduceStartLayer(const std::vector<double>& left_ms, double reduce_ms) {
+  if (!(reduce_ms > 0.0)) return -1;
+  for (size_t l = 0; l < left_ms.size(); ++l)
+    if (left_ms[l] >= kDpReduceMargin * reduce_ms) return static_cast<int>(l);
+  return -1;
+}
+
 std::vector<DpBucket> PlanDpBuckets(const ParamStore& params, int first_layer, int last_layer,
                                     bool first_chunk, bool last_chunk, size_t bucket_elements) {
   // Each layer's span of the flat buffer, and the chunk's other tensors.

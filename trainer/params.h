@@ -100,6 +100,18 @@ struct DpBucket {
 std::vector<DpBucket> PlanDpBuckets(const ParamStore& params, int first_layer, int last_layer,
                                     bool first_chunk, bool last_chunk, size_t bucket_elements);
 
+// When to start the data-parallel reduction overlapped with the backward. A reduction running
+// beside the compute slows it for as long as it is under way, whatever its bytes (two H200s held
+// at their 700 W power cap: the SM clock drops ≈ 2.5% while the transfers run), so it should
+// start as late as still lets it end with the backward. From a measured step: `left_ms[l]`, how
+// long the backward went on after it had finished chunk layer l (it runs from the top layer down,
+// so this grows with l), and `reduce_ms`, how long the layer buckets' reduction kept the
+// communication stream busy. Returns the lowest layer that leaves kDpReduceMargin times the
+// reduction (the buckets wait until the backward has finished it), or -1 when none does or
+// nothing was measured (every bucket starts as soon as it is ready).
+inline constexpr double kDpReduceMargin = 2.0;
+int DpReduceStartLayer(const std::vector<double>& left_ms, double reduce_ms);
+
 // Binds one decoder layer's tensors by their Megatron-Core names into `w`, which has the fields
 // ln1_w ln1_b qkv_w qkv_b proj_w proj_b ln2_w ln2_b fc1_w fc1_b fc2_w fc2_b and their d_ gradients:
 // `linear(name)` gives the linear layers' weights and biases, `norm(name)` the norms', `grad(name)`

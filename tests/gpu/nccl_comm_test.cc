@@ -526,13 +526,16 @@ void CheckPeerExchange(const std::string& name, Communicator* comm, int world_ra
 
 // The data-parallel gradient reduction of the bf16 model (GradReducer) between two ranks: by copy
 // engine and by NCCL, all-reduce and reduce-scatter (distributed optimizer), in fp32 and in bf16
-// (--grad-reduce-in-bf16), against sums made here: every element, or with reduce-scatter this
-// rank's part of each bucket, bit for bit. The first bucket spans several copy-engine pieces.
+// (--grad-reduce-in-bf16), each with the buckets started as planned from the step before (two
+// steps) and held back until layer 0 is done, against sums made here: every element, or with
+// reduce-scatter this rank's part of each bucket, bit for bit. The first bucket spans several
+// copy-engine pieces.
 void CheckGradReducer(const std::string& name, Communicator* comm, Checker& c) {
   NcclCommunicator* nc = AsNccl(comm);
   const int me = comm->rank();
-  const size_t big = (size_t{32} << 20) + 12347, small = 77777, n = big + small;
-  const std::vector<DpBucket> buckets = {{0, big, 0, 0}, {big, small, -1, -1}};
+  const size_t big = (size_t{32} << 20) + 12347, mid = 4099, small = 77777, n = big + mid + small;
+  const std::vector<DpBucket> buckets = {
+      {0, big, 1, 1}, {big, mid, 0, 0}, {big + mid, small, -1, -1}};
   auto value = [](int rank, size_t i) {
     return std::ldexp(static_cast<float>((i * 2654435761u + rank * 7919u) % 1000003u), -12) -
            100.0f;
@@ -552,35 +555,45 @@ void CheckGradReducer(const std::string& name, Communicator* comm, Checker& c) {
     setenv("LEANTRON_DP_COPY_ENGINE", copy_engine ? "1" : "0", 1);
     for (bool distributed : {false, true}) {
       for (bool in_bf16 : {false, true}) {
-        const std::string what = name + (copy_engine ? " copy engine" : " NCCL") +
-                                 (distributed ? " reduce-scatter" : " all-reduce") +
-                                 (in_bf16 ? " in bf16" : " in fp32");
-        grad.Upload(mine);
-        cuda::GradReducer::Options o;
-        o.overlap_grad_reduce = true;
-        o.distributed = distributed;
-        o.reduce_in_bf16 = in_bf16;
-        {
+        for (bool held_back : {false, true}) {
+          const std::string what = name + (copy_engine ? " copy engine" : " NCCL") +
+                                   (distributed ? " reduce-scatter" : " all-reduce") +
+                                   (in_bf16 ? " in bf16" : " in fp32") +
+                                   (held_back ? " held back" : " planned");
+          cuda::GradReducer::Options o;
+          o.overlap_grad_reduce = true;
+          o.distributed = distributed;
+          o.reduce_in_bf16 = in_bf16;
+          if (held_back) o.start_layer = 0;
           cuda::GradReducer r(nc, grad.get(), data.get(), low.get(), buckets, o);
           c.Expect(r.transport() == std::string(copy_engine ? "copy engine" : "NCCL"),
                    what + ": reduced by " + r.transport());
-          r.BeginBackward(true);
-          r.LayerDone(0);  // the first bucket during the "backward", the embeddings' at its end
-          r.BackwardDone();
-          LT_CUDA_CHECK(cudaStreamSynchronize(MainStream()));
+          for (int step = 0; step < (held_back ? 1 : 2); ++step) {
+            grad.Upload(mine);
+            r.BeginBackward(true);
+            r.LayerDone(1);  // the backward's layers, then the embeddings' bucket at its end
+            r.LayerDone(0);
+            r.BackwardDone();
+            LT_CUDA_CHECK(cudaStreamSynchronize(MainStream()));
+            double comm_ms = 0, exposed_ms = 0;
+            r.LastStep(&comm_ms, &exposed_ms);  // plans the next step's start
+            c.Expect(r.start_layer() == (held_back ? 0 : -1),
+                     what + ": start layer " + std::to_string(r.start_layer()));
+            const std::vector<float> got = grad.Download(n);
+            const std::vector<float>& sum = in_bf16 ? bf16_sum : fp32_sum;
+            std::vector<float> g, w;
+            for (const DpBucket& b : buckets) {
+              const auto [first, last] =
+                  distributed ? b.Part(me, 2)
+                              : std::pair<size_t, size_t>{b.offset, b.offset + b.numel};
+              g.insert(g.end(), got.begin() + first, got.begin() + last);
+              w.insert(w.end(), sum.begin() + first, sum.begin() + last);
+            }
+            c.Expect(g.size() > n / 3, what + " checks its part");
+            c.Equal(g, w, what + " step " + std::to_string(step));
+          }
+          ++checked;
         }
-        const std::vector<float> got = grad.Download(n);
-        const std::vector<float>& sum = in_bf16 ? bf16_sum : fp32_sum;
-        std::vector<float> g, w;
-        for (const DpBucket& b : buckets) {
-          const auto [first, last] =
-              distributed ? b.Part(me, 2) : std::pair<size_t, size_t>{b.offset, b.offset + b.numel};
-          g.insert(g.end(), got.begin() + first, got.begin() + last);
-          w.insert(w.end(), sum.begin() + first, sum.begin() + last);
-        }
-        c.Expect(g.size() > n / 3, what + " checks its part");
-        c.Equal(g, w, what);
-        ++checked;
       }
     }
   }

@@ -272,6 +272,21 @@ TEST(DpBucketTest, LowestLayerHasABucketOfItsOwn) {
   EXPECT_EQ(layers, expected);
 }
 
+// The reduction's start: the lowest layer after which at least kDpReduceMargin (2) times the
+// reduction's time is left in the backward; none when even the top layer leaves less, or when
+// nothing was measured.
+TEST(DpBucketTest, ReductionStartsAsLateAsTheMarginAllows) {
+  ASSERT_EQ(kDpReduceMargin, 2.0);
+  const std::vector<double> left = {1.0, 6.0, 11.0, 16.0, 21.0};  // 5 ms of backward a layer
+  EXPECT_EQ(DpReduceStartLayer(left, 0.5), 0);                    // 1 >= 2 x 0.5
+  EXPECT_EQ(DpReduceStartLayer(left, 3.0), 1);                    // 1 < 6 <= 6
+  EXPECT_EQ(DpReduceStartLayer(left, 3.5), 2);                    // 6 < 7 <= 11
+  EXPECT_EQ(DpReduceStartLayer(left, 10.5), 4);                   // 16 < 21 <= 21
+  EXPECT_EQ(DpReduceStartLayer(left, 11.0), -1);  // 21 < 22: start each bucket when ready
+  EXPECT_EQ(DpReduceStartLayer(left, 0.0), -1);   // nothing measured
+  EXPECT_EQ(DpReduceStartLayer({}, 1.0), -1);
+}
+
 // The distributed optimizer over two in-process Gloo ranks against one optimizer stepping the
 // averaged gradient: each rank steps only its part of every bucket, yet after the step both hold
 // the reference's weights bit for bit, GatherState (a few elements at a time) assembles the

@@ -523,13 +523,18 @@ void BF16GptModel::LayerBackward(Slot& s, int l) {
 
 std::string BF16GptModel::TimeReport() const {
   if (reducer_ == nullptr || measured_steps_ == 0) return {};
+  const int start = reducer_->start_layer();
+  const std::string held =
+      start < 0 ? ""
+                : absl::StrFormat(", started once layer %d was done (%.0f ms of the backward left)",
+                                  layers_[start].global, reducer_->start_left_ms());
   return absl::StrFormat(
       "data-parallel gradient %s%s %s: %.1f ms per step from the first bucket to the last, %.1f "
-      "ms of it exposed (the backward had finished); by %s",
+      "ms of it exposed (the backward had finished)%s; by %s",
       opt_.distributed_optimizer ? "reduce-scatter" : "all-reduce",
       opt_.grad_reduce_in_bf16 ? " in bf16" : "",
       opt_.overlap_grad_reduce ? "overlapped with the backward" : "after the backward",
-      comm_ms_ / measured_steps_, exposed_ms_ / measured_steps_, reducer_->transport());
+      comm_ms_ / measured_steps_, exposed_ms_ / measured_steps_, held, reducer_->transport());
 }
 
 void BF16GptModel::Backward(int slot, const float* doutput, float loss_scale) {

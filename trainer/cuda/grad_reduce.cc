@@ -51,6 +51,17 @@ GradReducer::GradReducer(NcclCommunicator* dp, float* grad, float* data, bf16* l
   gathered_.resize(buckets_.size());
   for (cudaEvent_t& e : gathered_)
     LT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  int layers = 0;
+  for (const DpBucket& b : buckets_) layers = std::max(layers, b.last_layer + 1);
+  layer_done_.resize(layers);
+  bucket_begin_.resize(buckets_.size());
+  bucket_end_.resize(buckets_.size());
+  for (auto* v : {&layer_done_, &bucket_begin_, &bucket_end_})
+    for (cudaEvent_t& e : *v) LT_CUDA_CHECK(cudaEventCreate(&e));
+  launched_.assign(buckets_.size(), false);
+  layer_recorded_.assign(layers, false);
+  if (opt_.start_layer) start_layer_ = *opt_.start_layer;
+  LT_CUDA_CHECK(cudaMalloc(&plan_buf_, sizeof(float)));
   gather_pending_.assign(buckets_.size(), false);
   if (opt_.reduce_in_bf16) {
     size_t largest = 0;
@@ -66,17 +77,21 @@ GradReducer::GradReducer(NcclCommunicator* dp, float* grad, float* data, bf16* l
 GradReducer::~GradReducer() {
   cudaStreamSynchronize(comm_);
   for (cudaEvent_t e : {ready_, comm_start_, compute_done_, comm_done_}) cudaEventDestroy(e);
-  for (cudaEvent_t e : gathered_) cudaEventDestroy(e);
+  for (auto* v : {&gathered_, &layer_done_, &bucket_begin_, &bucket_end_})
+    for (cudaEvent_t e : *v) cudaEventDestroy(e);
   if (stage_ != nullptr) cudaFree(stage_);
+  cudaFree(plan_buf_);
 }
 
-void GradReducer::Launch(const DpBucket& b) {
+void GradReducer::Launch(size_t bucket) {
+  const DpBucket& b = buckets_[bucket];
   LT_CUDA_CHECK(cudaEventRecord(ready_, MainStream()));
   LT_CUDA_CHECK(cudaStreamWaitEvent(comm_, ready_, 0));
   if (!started_) {
     LT_CUDA_CHECK(cudaEventRecord(comm_start_, comm_));
     started_ = true;
   }
+  LT_CUDA_CHECK(cudaEventRecord(bucket_begin_[bucket], comm_));
   if (exchange_ == nullptr) {
     NcclReduce(b);
   } else if (opt_.distributed) {
@@ -84,6 +99,8 @@ void GradReducer::Launch(const DpBucket& b) {
   } else {
     CopyEngineAllReduce(b);
   }
+  LT_CUDA_CHECK(cudaEventRecord(bucket_end_[bucket], comm_));
+  launched_[bucket] = true;
 }
 
 // All-reduce, or reduce-scatter into parts of unequal length: one reduce per part, rooted at its
@@ -185,19 +202,28 @@ void GradReducer::CopyEngineReduceScatter(const DpBucket& b) {
   exchange_->WaitSent(comm_);
 }
 
+// The backward has finished `layer` and those above it: their buckets start unless held back
+// until the start layer, in the buckets' (the backward's) order.
 void GradReducer::LayerDone(int layer) {
   if (!active_ || !opt_.overlap_grad_reduce) return;
-  for (const DpBucket& b : buckets_)
-    if (b.first_layer >= 0 && b.first_layer == layer) Launch(b);
+  if (layer >= 0 && layer < static_cast<int>(layer_done_.size())) {
+    LT_CUDA_CHECK(cudaEventRecord(layer_done_[layer], MainStream()));
+    layer_recorded_[layer] = true;
+  }
+  if (start_layer_ >= 0 && layer > start_layer_) return;
+  for (size_t i = 0; i < buckets_.size(); ++i)
+    if (!launched_[i] && buckets_[i].first_layer >= 0 && buckets_[i].first_layer >= layer)
+      Launch(i);
 }
 
 void GradReducer::BackwardDone() {
   if (!active_) return;
-  for (const DpBucket& b : buckets_)
-    if (b.first_layer < 0 || !opt_.overlap_grad_reduce) Launch(b);
+  for (size_t i = 0; i < buckets_.size(); ++i)
+    if (!launched_[i]) Launch(i);
   LT_CUDA_CHECK(cudaEventRecord(compute_done_, MainStream()));
   LT_CUDA_CHECK(cudaEventRecord(comm_done_, comm_));
   LT_CUDA_CHECK(cudaStreamWaitEvent(MainStream(), comm_done_, 0));
+  launched_.assign(buckets_.size(), false);
   active_ = false;
   started_ = false;
   measured_ = true;
@@ -212,6 +238,40 @@ void GradReducer::LastStep(double* comm_ms, double* exposed_ms) {
   LT_CUDA_CHECK(cudaEventElapsedTime(&exposed, compute_done_, comm_done_));
   *comm_ms = total;
   *exposed_ms = std::max(0.0f, exposed);
+  Plan();
+}
+
+// The next step's start layer from the step just measured: the time left in the backward after
+// each layer, and the layer buckets' time on the communication stream (collective over the
+// data-parallel group).
+void GradReducer::Plan() {
+  const bool measured =
+      std::all_of(layer_recorded_.begin(), layer_recorded_.end(), [](bool r) { return r; });
+  layer_recorded_.assign(layer_recorded_.size(), false);
+  if (opt_.start_layer || !opt_.overlap_grad_reduce || !measured) return;
+  double reduce = 0.0;
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    if (buckets_[i].first_layer < 0) continue;
+    float ms = 0.0f;
+    LT_CUDA_CHECK(cudaEventElapsedTime(&ms, bucket_begin_[i], bucket_end_[i]));
+    reduce += ms;
+  }
+  // The least over the ranks: a rank that got to a bucket before its peer waited for the peer's
+  // half inside that bucket's time, which is not the reduction's.
+  float least = -static_cast<float>(reduce);
+  LT_CUDA_CHECK(cudaMemcpyAsync(plan_buf_, &least, sizeof(float), cudaMemcpyHostToDevice, comm_));
+  dp_->AllReduce(plan_buf_, 1, CommType::kF32, comm_, ReduceOp::kMax);
+  LT_CUDA_CHECK(cudaMemcpyAsync(&least, plan_buf_, sizeof(float), cudaMemcpyDeviceToHost, comm_));
+  LT_CUDA_CHECK(cudaStreamSynchronize(comm_));
+  reduce = -least;
+  std::vector<double> left(layer_done_.size());
+  for (size_t l = 0; l < left.size(); ++l) {
+    float ms = 0.0f;
+    LT_CUDA_CHECK(cudaEventElapsedTime(&ms, layer_done_[l], compute_done_));
+    left[l] = ms;
+  }
+  start_layer_ = DpReduceStartLayer(left, reduce);
+  start_left_ms_ = start_layer_ >= 0 ? left[start_layer_] : 0.0;
 }
 
 // Each part goes from its owner to the others in fp32 (the weights stay whole on every rank, as

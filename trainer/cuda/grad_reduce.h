@@ -1,11 +1,15 @@
 // Data-parallel communication of the bf16 model, on a communication stream beside the compute:
 //   gradients: the flat fp32 gradient is reduced bucket by bucket (trainer/params.h DpBucket) on
-//   the step's last micro-batch; with --overlap-grad-reduce each bucket as soon as the backward
-//   has finished the lowest layer in it, while the backward goes on with the layers below,
-//   otherwise all at the end. Summed everywhere (all-reduce), or with the distributed optimizer
-//   only into the part of each bucket this rank owns (reduce-scatter). The compute stream waits
-//   for the last bucket only when the backward is done; that wait is the exposed part of the
-//   communication, measured with events and reported per step. With reduce_in_bf16
+//   the step's last micro-batch; with --overlap-grad-reduce while the backward goes on with the
+//   layers below a bucket's lowest layer, otherwise all at the end. Overlapped, the buckets start
+//   as late as still lets the reduction end with the backward (DpReduceStartLayer: a reduction
+//   slows the compute beside it for as long as it runs, not by its bytes): the first step each as
+//   soon as its layers are done; from then on, planned from the step before, those above the
+//   start layer wait until the backward has finished it. Summed everywhere (all-reduce), or with
+//   the distributed optimizer only into the part of each bucket this rank owns (reduce-scatter).
+//   The compute stream waits for the last bucket only when the backward is done; that wait is the
+//   exposed part of the communication, measured with events and reported per step. With
+//   reduce_in_bf16
 //   (--grad-reduce-in-bf16) what crosses is each rank's gradient rounded to bf16, summed and
 //   rounded to bf16 again (half the bytes of fp32); every rank keeps that sum, in fp32.
 //   parameters (distributed optimizer): after the step every rank holds its parts of the fp32
@@ -18,6 +22,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "trainer/cuda/cuda_util.h"
@@ -34,6 +39,8 @@ class GradReducer {
     bool distributed = false;           // reduce-scatter gradients, gather parameters
     bool overlap_param_gather = false;  // wait per layer in the forward
     bool reduce_in_bf16 = false;
+    // Fixed instead of planned (tests): the layer whose end starts the held-back buckets, -1 none.
+    std::optional<int> start_layer;
   };
   // `grad`, `data` and `low` (the bf16 copy) are the flat buffers the buckets index.
   GradReducer(NcclCommunicator* dp, float* grad, float* data, bf16* low,
@@ -47,7 +54,12 @@ class GradReducer {
   void BackwardDone();
   // Milliseconds of the last step: reduction time on the communication stream, and how long the
   // compute stream had to wait for it after the backward (call after the step has finished).
+  // Plans the next step's start from the last one (collective over the data-parallel group).
   void LastStep(double* comm_ms, double* exposed_ms);
+  // The planned start: the layer whose end starts the buckets (-1: each when ready) and how much
+  // of the backward was left after it in the measured step.
+  int start_layer() const { return start_layer_; }
+  double start_left_ms() const { return start_left_ms_; }
 
   // Distributed optimizer: starts gathering the stepped parts (after the work on the compute
   // stream so far); without overlap the compute stream waits for all of it at once.
@@ -59,7 +71,8 @@ class GradReducer {
   const char* transport() const { return exchange_ != nullptr ? "copy engine" : "NCCL"; }
 
  private:
-  void Launch(const DpBucket& b);
+  void Launch(size_t bucket);
+  void Plan();
   void CopyEngineAllReduce(const DpBucket& b);
   void CopyEngineReduceScatter(const DpBucket& b);
   void NcclReduce(const DpBucket& b);
@@ -83,8 +96,15 @@ class GradReducer {
   cudaEvent_t ready_ = nullptr, comm_start_ = nullptr, compute_done_ = nullptr,
               comm_done_ = nullptr;
   bool started_ = false;
-  std::vector<cudaEvent_t> gathered_;  // per bucket
-  std::vector<bool> gather_pending_;   // per bucket: not waited for yet this step
+  int start_layer_ = -1;
+  double start_left_ms_ = 0.0;
+  std::vector<bool> launched_;           // per bucket, this backward
+  std::vector<cudaEvent_t> layer_done_;  // per chunk layer, on the compute stream
+  std::vector<bool> layer_recorded_;     // per chunk layer: layer_done_ recorded this backward
+  std::vector<cudaEvent_t> bucket_begin_, bucket_end_;  // per bucket, on comm_
+  float* plan_buf_ = nullptr;                           // the reduction time, shared by the ranks
+  std::vector<cudaEvent_t> gathered_;                   // per bucket
+  std::vector<bool> gather_pending_;                    // per bucket: not waited for yet this step
   std::unique_ptr<PeerExchange> exchange_;
   bf16* stage_ = nullptr;  // reduce_in_bf16: the bucket's gradient rounded to bf16 (largest bucket)
   // Elements reduced per copy-engine round (the inbox holds half of it twice: 64 MiB each).
