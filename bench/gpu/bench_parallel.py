@@ -1,7 +1,8 @@
 """The seed tutorial's parallelism table for gpt2-large (36 layers, h 1280, 20 heads, seq 1024)
 on two GPUs (device kind nvidia-h200-x2): 1 GPU, DP2, TP2, TP2+SP, PP2 with one micro-batch and
 with enough to fill the pipeline, all `train --bf16`; step time, tokens/s, MFU and memory per
-GPU, beside the tutorial's Megatron numbers. Run through scripts/device_check.sh parallel."""
+GPU, beside the tutorial's Megatron numbers, and each GPU's clock and power while busy. Run
+through scripts/device_check.sh parallel."""
 import argparse
 import os
 import re
