@@ -102,7 +102,7 @@ std::vector<DpBucket> PlanDpBuckets(const ParamStore& params, int first_layer, i
 
 // When to start the data-parallel reduction overlapped with the backward. A reduction running
 // beside the compute slows it for as long as it is under way, whatever its bytes (two H200s held
-// at their 700 W power cap: the SM clock drops ≈ 2.5% while the transfers run), so it should
+// at their 700 W power cap: the SM clock drops by 2–6% while the transfers run), so it should
 // start as late as still lets it end with the backward. From a measured step: `left_ms[l]`, how
 // long the backward went on after it had finished chunk layer l (it runs from the top layer down,
 // so this grows with l), and `reduce_ms`, how long the layer buckets' reduction kept the

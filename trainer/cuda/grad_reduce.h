@@ -9,9 +9,8 @@
 //   the distributed optimizer only into the part of each bucket this rank owns (reduce-scatter).
 //   The compute stream waits for the last bucket only when the backward is done; that wait is the
 //   exposed part of the communication, measured with events and reported per step. With
-//   reduce_in_bf16
-//   (--grad-reduce-in-bf16) what crosses is each rank's gradient rounded to bf16, summed and
-//   rounded to bf16 again (half the bytes of fp32); every rank keeps that sum, in fp32.
+//   reduce_in_bf16 (--grad-reduce-in-bf16) what crosses is each rank's gradient rounded to bf16,
+//   summed and rounded to bf16 again (half the bytes of fp32); every rank keeps that sum, in fp32.
 //   parameters (distributed optimizer): after the step every rank holds its parts of the fp32
 //   weights (and of the bf16 copy) stepped; GatherParams sends them to the other ranks, buckets
 //   in the forward's order, converting what arrives to bf16, and WaitParams makes the forward
