@@ -77,6 +77,9 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(int port) 
   return server;
 }
 
+// Every descriptor is closed only here, after the threads using it have ended: closed any
+// earlier, its number could be handed to another socket of the process (a Gloo pair's) before a
+// shutdown or accept below reached it, cutting that connection instead.
 TcpStoreServer::~TcpStoreServer() {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -84,10 +87,11 @@ TcpStoreServer::~TcpStoreServer() {
     for (int fd : client_fds_) ::shutdown(fd, SHUT_RDWR);
   }
   cv_.notify_all();
-  ::shutdown(listen_fd_, SHUT_RDWR);
-  ::close(listen_fd_);
+  ::shutdown(listen_fd_, SHUT_RDWR);  // accept() returns
   if (acceptor_.joinable()) acceptor_.join();
   for (std::thread& t : handlers_) t.join();
+  for (int fd : client_fds_) ::close(fd);
+  ::close(listen_fd_);
 }
 
 void TcpStoreServer::Serve() {
@@ -134,7 +138,7 @@ void TcpStoreServer::Handle(int fd) {
       break;
     }
   }
-  ::close(fd);
+  // The destructor closes fd.
 }
 
 absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(const std::string& host, int port,
