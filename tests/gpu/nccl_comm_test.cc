@@ -577,8 +577,11 @@ void CheckGradReducer(const std::string& name, Communicator* comm, Checker& c) {
             LT_CUDA_CHECK(cudaStreamSynchronize(MainStream()));
             double comm_ms = 0, exposed_ms = 0;
             r.LastStep(&comm_ms, &exposed_ms);  // plans the next step's start
-            c.Expect(r.start_layer() == (held_back ? 0 : -1),
-                     what + ": start layer " + std::to_string(r.start_layer()));
+            // Planned from timings: any layer of the two, or none (DpReduceStartLayer's own test
+            // checks the rule); held back: the fixed layer.
+            c.Expect(
+                held_back ? r.start_layer() == 0 : r.start_layer() >= -1 && r.start_layer() <= 1,
+                what + ": start layer " + std::to_string(r.start_layer()));
             const std::vector<float> got = grad.Download(n);
             const std::vector<float>& sum = in_bf16 ? bf16_sum : fp32_sum;
             std::vector<float> g, w;
