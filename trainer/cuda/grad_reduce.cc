@@ -59,7 +59,6 @@ GradReducer::GradReducer(NcclCommunicator* dp, float* grad, float* data, bf16* l
   for (auto* v : {&layer_done_, &bucket_begin_, &bucket_end_})
     for (cudaEvent_t& e : *v) LT_CUDA_CHECK(cudaEventCreate(&e));
   launched_.assign(buckets_.size(), false);
-  layer_recorded_.assign(layers, false);
   if (opt_.start_layer) start_layer_ = *opt_.start_layer;
   LT_CUDA_CHECK(cudaMalloc(&plan_buf_, sizeof(float)));
   gather_pending_.assign(buckets_.size(), false);
@@ -208,7 +207,7 @@ void GradReducer::LayerDone(int layer) {
   if (!active_ || !opt_.overlap_grad_reduce) return;
   if (layer >= 0 && layer < static_cast<int>(layer_done_.size())) {
     LT_CUDA_CHECK(cudaEventRecord(layer_done_[layer], MainStream()));
-    layer_recorded_[layer] = true;
+    ++layers_recorded_;
   }
   if (start_layer_ >= 0 && layer > start_layer_) return;
   for (size_t i = 0; i < buckets_.size(); ++i)
@@ -245,9 +244,8 @@ void GradReducer::LastStep(double* comm_ms, double* exposed_ms) {
 // each layer, and the layer buckets' time on the communication stream (collective over the
 // data-parallel group).
 void GradReducer::Plan() {
-  const bool measured =
-      std::all_of(layer_recorded_.begin(), layer_recorded_.end(), [](bool r) { return r; });
-  layer_recorded_.assign(layer_recorded_.size(), false);
+  const bool measured = layers_recorded_ == static_cast<int>(layer_done_.size());
+  layers_recorded_ = 0;
   if (opt_.start_layer || !opt_.overlap_grad_reduce || !measured) return;
   double reduce = 0.0;
   for (size_t i = 0; i < buckets_.size(); ++i) {

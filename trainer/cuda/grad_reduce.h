@@ -97,9 +97,9 @@ class GradReducer {
   bool started_ = false;
   int start_layer_ = -1;
   double start_left_ms_ = 0.0;
-  std::vector<bool> launched_;           // per bucket, this backward
-  std::vector<cudaEvent_t> layer_done_;  // per chunk layer, on the compute stream
-  std::vector<bool> layer_recorded_;     // per chunk layer: layer_done_ recorded this backward
+  std::vector<bool> launched_;                          // per bucket, this backward
+  std::vector<cudaEvent_t> layer_done_;                 // per chunk layer, on the compute stream
+  int layers_recorded_ = 0;                             // layer_done_ recorded this backward
   std::vector<cudaEvent_t> bucket_begin_, bucket_end_;  // per bucket, on comm_
   float* plan_buf_ = nullptr;                           // the reduction time, shared by the ranks
   std::vector<cudaEvent_t> gathered_;                   // per bucket
