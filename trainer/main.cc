@@ -13,9 +13,9 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
-#include "trainer/args.h"
-#include "trainer/comm.h"
-#include "trainer/training.h"
+#include "trainer/core/args.h"
+#include "trainer/dist/comm.h"
+#include "trainer/core/training.h"
 
 namespace {
 

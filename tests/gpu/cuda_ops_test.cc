@@ -18,8 +18,8 @@
 
 #include "gtest/gtest.h"
 #include "trainer/cuda/cuda_util.h"
-#include "trainer/cuda/kernels.h"
-#include "trainer/ops.h"
+#include "trainer/cuda/kernels/kernels.h"
+#include "trainer/reference/ops.h"
 
 namespace leantron::trainer::cuda {
 namespace {

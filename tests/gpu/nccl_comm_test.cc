@@ -32,11 +32,11 @@
 #include <vector>
 
 #include "libckpt/dtype.h"
-#include "trainer/comm.h"
+#include "trainer/dist/comm.h"
 #include "trainer/cuda/cuda_util.h"
-#include "trainer/cuda/grad_reduce.h"
-#include "trainer/cuda/kernels.h"
-#include "trainer/cuda/peer_exchange.h"
+#include "trainer/cuda/parallel/grad_reduce.h"
+#include "trainer/cuda/kernels/kernels.h"
+#include "trainer/cuda/parallel/peer_exchange.h"
 
 namespace leantron::trainer {
 namespace {

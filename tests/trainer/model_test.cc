@@ -1,6 +1,6 @@
 // Whole-model gradient check of a tiny GPT (every parameter tensor, sampled elements, central
 // differences of the loss), plus the learning-rate schedule and the argument checks.
-#include "trainer/model.h"
+#include "trainer/reference/model.h"
 
 #include <unistd.h>
 
@@ -11,11 +11,11 @@
 #include "CLI/CLI.hpp"
 #include "gtest/gtest.h"
 #include "libckpt/layout.h"
-#include "trainer/args.h"
-#include "trainer/comm.h"
-#include "trainer/optimizer.h"
-#include "trainer/params.h"
-#include "trainer/scheduler.h"
+#include "trainer/core/args.h"
+#include "trainer/dist/comm.h"
+#include "trainer/core/optimizer.h"
+#include "trainer/core/params.h"
+#include "trainer/core/scheduler.h"
 
 namespace leantron::trainer {
 namespace {

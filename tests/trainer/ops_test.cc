@@ -1,6 +1,6 @@
 // Every cpu op against a float64 reference written here: forwards compared directly, backwards
 // against central finite differences of the float64 reference (d/dx Σ out·R for a random R).
-#include "trainer/ops.h"
+#include "trainer/reference/ops.h"
 
 #include <barrier>
 #include <cmath>

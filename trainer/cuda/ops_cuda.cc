@@ -10,8 +10,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "trainer/cuda/cuda_util.h"
-#include "trainer/cuda/kernels.h"
-#include "trainer/ops.h"
+#include "trainer/cuda/kernels/kernels.h"
+#include "trainer/reference/ops.h"
 
 namespace leantron::trainer {
 namespace cuda {

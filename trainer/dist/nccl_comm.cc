@@ -19,7 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "trainer/cuda/cuda_util.h"
-#include "trainer/tcp_store.h"
+#include "trainer/dist/tcp_store.h"
 
 namespace leantron::trainer {
 

@@ -47,7 +47,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "trainer/comm.h"
+#include "trainer/dist/comm.h"
 
 namespace leantron::trainer {
 

@@ -1,0 +1,340 @@
+#include "trainer/core/args.h"
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "trainer/core/scheduler.h"
+
+namespace leantron::trainer {
+
+int64_t TrainArgs::true_vocab_size() const {
+  if (tokenizer_type == "NullTokenizer") return vocab_size + 1;  // Megatron adds the EOD id
+  return 50257;
+}
+
+void AddTrainFlags(CLI::App& app, TrainArgs* a) {
+  // As with Megatron's argparse, a repeated flag takes its last value.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  // Model.
+  app.add_option("--num-layers", a->num_layers, "Transformer layers");
+  app.add_option("--hidden-size", a->hidden_size, "Hidden size");
+  app.add_option("--num-attention-heads", a->num_attention_heads, "Attention heads");
+  app.add_option("--ffn-hidden-size", a->ffn_hidden_size, "MLP hidden size (default 4·hidden)");
+  app.add_option("--kv-channels", a->kv_channels, "Head dimension (default hidden/heads)");
+  app.add_option("--seq-length", a->seq_length, "Sequence length");
+  app.add_option("--max-position-embeddings", a->max_position_embeddings,
+                 "Position table size (default --seq-length)");
+  app.add_flag("--openai-gelu", a->openai_gelu, "tanh GELU (GPT-2's gelu_new) instead of erf");
+  app.add_option("--init-method-std", a->init_method_std, "Init std (default 0.02)");
+  app.add_option("--hidden-dropout", a->hidden_dropout, "Hidden dropout (default 0.1)");
+  app.add_option("--attention-dropout", a->attention_dropout, "Attention dropout (default 0.1)");
+  app.add_option("--make-vocab-size-divisible-by", a->make_vocab_size_divisible_by,
+                 "Vocabulary padding unit (default 128)");
+  app.add_option("--norm-epsilon,--layernorm-epsilon", a->norm_epsilon, "LayerNorm epsilon");
+  app.add_option("--tokenizer-type", a->tokenizer_type,
+                 "GPT2BPETokenizer (vocab 50257) or NullTokenizer (--vocab-size ids + EOD)");
+  app.add_option("--vocab-size", a->vocab_size, "NullTokenizer vocabulary size");
+  app.add_option("--vocab-file", a->vocab_file, "GPT-2 vocab.json (only the size is used)");
+  app.add_option("--merge-file", a->merge_file, "GPT-2 merges.txt (only the size is used)");
+  // Parallelism.
+  app.add_option("--tensor-model-parallel-size", a->tensor_model_parallel_size, "TP size");
+  app.add_option("--pipeline-model-parallel-size", a->pipeline_model_parallel_size, "PP size");
+  app.add_option("--num-layers-per-virtual-pipeline-stage",
+                 a->num_layers_per_virtual_pipeline_stage,
+                 "Layers per model chunk: the interleaved 1F1B schedule");
+  app.add_option("--decoder-first-pipeline-num-layers", a->decoder_first_pipeline_num_layers,
+                 "Layers on the first pipeline stage; the others split the rest evenly");
+  app.add_option("--decoder-last-pipeline-num-layers", a->decoder_last_pipeline_num_layers,
+                 "Layers on the last pipeline stage (which also holds the output layer and loss); "
+                 "the others split the rest evenly");
+  app.add_flag("--sequence-parallel", a->sequence_parallel, "Sequence parallelism (needs TP > 1)");
+  app.add_flag("--use-distributed-optimizer", a->use_distributed_optimizer,
+               "Shard optimizer state over data-parallel ranks (ZeRO-1)");
+  app.add_option("--nproc-per-node", a->nproc_per_node,
+                 "Start this many local ranks (one process each) and wait for them");
+  app.add_option("--recompute-granularity", a->recompute_granularity,
+                 "full (whole layers) or selective (the attention softmax)");
+  app.add_option("--recompute-method", a->recompute_method,
+                 "uniform (every layer) or block (the first --recompute-num-layers per stage)");
+  app.add_option("--recompute-num-layers", a->recompute_num_layers,
+                 "Layers per recomputed block (uniform) or recomputed per stage (block)");
+  app.add_flag("--overlap-grad-reduce", a->overlap_grad_reduce,
+               "bf16 model: all-reduce gradient buckets during the backward");
+  app.add_flag("--overlap-param-gather", a->overlap_param_gather,
+               "Accepted (parameters are gathered after the step)");
+  app.add_option("--ddp-bucket-size", a->ddp_bucket_size, "Gradient all-reduce bucket (elements)");
+  app.add_flag("--grad-reduce-in-bf16", a->grad_reduce_in_bf16,
+               "bf16 model: data-parallel gradients cross rounded to bf16 (half the bytes)");
+  // Training.
+  app.add_option("--micro-batch-size", a->micro_batch_size, "Micro-batch size");
+  app.add_option("--global-batch-size", a->global_batch_size, "Global batch size");
+  app.add_option("--train-iters", a->train_iters, "Training iterations");
+  app.add_option("--lr", a->lr, "Peak learning rate");
+  app.add_option("--min-lr", a->min_lr, "Final learning rate");
+  app.add_option("--lr-warmup-init", a->lr_warmup_init, "Learning rate at warm-up start");
+  app.add_option("--lr-decay-style", a->lr_decay_style, "constant, linear, cosine or WSD");
+  app.add_option("--lr-warmup-iters", a->lr_warmup_iters, "Warm-up iterations");
+  app.add_option("--lr-decay-iters", a->lr_decay_iters, "Decay iterations (default --train-iters)");
+  app.add_option("--lr-wsd-decay-style", a->lr_wsd_decay_style,
+                 "WSD anneal: linear, cosine, exponential, minus_sqrt");
+  app.add_option("--lr-wsd-decay-iters", a->lr_wsd_decay_iters, "WSD anneal iterations");
+  app.add_option("--weight-decay", a->weight_decay, "Weight decay (default 0.01)");
+  app.add_option("--adam-beta1", a->adam_beta1, "Adam beta1 (default 0.9)");
+  app.add_option("--adam-beta2", a->adam_beta2, "Adam beta2 (default 0.999)");
+  app.add_option("--adam-eps", a->adam_eps, "Adam epsilon (default 1e-8)");
+  app.add_option("--clip-grad", a->clip_grad, "Gradient clipping norm (default 1.0, 0 = off)");
+  app.add_option("--seed", a->seed, "Random seed (default 1234)");
+  // Data and checkpoints.
+  app.add_option("--data-path", a->data_path, "PREFIX or W1 PREFIX1 W2 PREFIX2 ...")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app.add_option("--split", a->split, "Train/valid/test proportions (default 969,30,1)");
+  app.add_flag("--mock-data", a->mock_data, "Synthetic samples instead of --data-path");
+  app.add_option("--data-cache-path", a->data_cache_path, "Where the sample index cache lives");
+  app.add_option("--save", a->save, "Checkpoint directory to save to");
+  app.add_option("--load", a->load, "Checkpoint directory to load from");
+  app.add_option("--save-interval", a->save_interval, "Save every N iterations");
+  app.add_option("--exit-interval", a->exit_interval,
+                 "Save (with --save) and exit when the iteration is a multiple of this");
+  app.add_flag("--no-load-optim", a->no_load_optim, "Do not load optimizer state");
+  app.add_flag("--no-load-rng", a->no_load_rng,
+               "Accepted for compatibility: dropout masks are a function of the sample, so there "
+               "is no RNG state to load");
+  app.add_flag("--finetune", a->finetune,
+               "Load weights only; start at iteration 0 with fresh optimizer and data position");
+  // Logging and evaluation.
+  app.add_option("--log-interval", a->log_interval, "Log every N iterations (default 100)");
+  app.add_option("--eval-interval", a->eval_interval, "Evaluate every N iterations (default 1000)");
+  app.add_option("--eval-iters", a->eval_iters, "Batches per evaluation (default 100)");
+  app.add_flag("--log-throughput", a->log_throughput, "Add TFLOP/s and tokens/s to the log line");
+  app.add_option("--tensorboard-dir", a->tensorboard_dir,
+                 "Write TensorBoard scalar events (loss, learning rate, grad norm, ...) here");
+  app.add_option("--tensorboard-log-interval", a->tensorboard_log_interval,
+                 "Write TensorBoard scalars every N iterations (default 1)");
+  app.add_option("--ops-backend", a->backend,
+                 "cpu (float32 reference) or cuda; default cuda with --bf16, else cpu");
+  app.add_flag("--bf16", a->bf16,
+               "bf16 compute with fp32 main weights and gradients (cuda backend)");
+  app.add_flag("--recompute-gelu", a->recompute_gelu,
+               "bf16 model: keep GELU's input only and recompute its output in the backward");
+  app.add_option("--normalization", a->normalization, "LayerNorm or RMSNorm");
+  app.add_option("--position-embedding-type", a->position_embedding_type,
+                 "learned_absolute or rope");
+  app.add_option("--rotary-base", a->rotary_base, "RoPE base (default 10000)");
+  app.add_flag("--swiglu", a->swiglu, "SwiGLU MLP (silu(gate)·up)");
+  app.add_flag("--group-query-attention", a->group_query_attention, "Grouped-query attention");
+  app.add_option("--num-query-groups", a->num_query_groups, "Query groups (with GQA)");
+  app.add_flag("--untie-embeddings-and-output-weights", a->untie_embeddings,
+               "Separate output layer");
+  app.add_flag("--disable-bias-linear", a->disable_bias_linear, "No biases on linear layers");
+  app.add_flag("--add-qkv-bias", a->add_qkv_bias, "QKV bias even with --disable-bias-linear");
+  // Known, not implemented.
+  TrainArgs::Unsupported& u = a->unsupported;
+  app.add_flag("--fp16", u.fp16, "(not implemented: use --bf16)");
+  app.add_option("--context-parallel-size", u.context_parallel_size, "1 (CP not implemented)");
+}
+
+absl::Status ValidateTrainArgs(TrainArgs* a) {
+  auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
+  const TrainArgs::Unsupported& u = a->unsupported;
+  if (u.fp16) return bad("--fp16 is not implemented (loss scaling); use --bf16");
+  if (u.context_parallel_size != 1) return bad("context parallelism is not implemented yet");
+  if (a->normalization != "LayerNorm" && a->normalization != "RMSNorm")
+    return bad("--normalization must be LayerNorm or RMSNorm, not ", a->normalization);
+  if (a->position_embedding_type != "learned_absolute" && a->position_embedding_type != "rope")
+    return bad("--position-embedding-type must be learned_absolute or rope, not ",
+               a->position_embedding_type);
+  if (a->num_layers <= 0 || a->hidden_size <= 0 || a->num_attention_heads <= 0)
+    return bad("--num-layers, --hidden-size and --num-attention-heads must be given and positive");
+  if (a->seq_length <= 0) return bad("--seq-length must be given and positive");
+  if (a->train_iters <= 0) return bad("--train-iters must be given and positive");
+  if (a->global_batch_size <= 0) return bad("--global-batch-size must be given and positive");
+  if (a->micro_batch_size <= 0) return bad("--micro-batch-size must be positive");
+  if (a->lr <= 0.0) return bad("--lr must be given and positive");
+  if (a->ffn_hidden_size == 0) {
+    // Megatron: 4h, or with SwiGLU 2/3 of it rounded down to a multiple of 64.
+    a->ffn_hidden_size = a->swiglu ? (4 * a->hidden_size * 2 / 3) / 64 * 64 : 4 * a->hidden_size;
+    if (a->ffn_hidden_size == 0)
+      return bad("--ffn-hidden-size must be given for this --hidden-size");
+  }
+  if (!a->group_query_attention) a->num_query_groups = a->num_attention_heads;
+  if (a->num_query_groups <= 0 || a->num_attention_heads % a->num_query_groups != 0)
+    return bad("--num-attention-heads ", a->num_attention_heads,
+               " is not divisible by --num-query-groups ", a->num_query_groups);
+  if (a->kv_channels == 0) {
+    if (a->hidden_size % a->num_attention_heads != 0)
+      return bad("--hidden-size ", a->hidden_size, " is not divisible by --num-attention-heads ",
+                 a->num_attention_heads);
+    a->kv_channels = a->hidden_size / a->num_attention_heads;
+  }
+  if (a->max_position_embeddings == 0) a->max_position_embeddings = a->seq_length;
+  if (a->seq_length > a->max_position_embeddings)
+    return bad("--seq-length ", a->seq_length, " exceeds --max-position-embeddings ",
+               a->max_position_embeddings);
+  if (a->hidden_dropout < 0 || a->hidden_dropout >= 1 || a->attention_dropout < 0 ||
+      a->attention_dropout >= 1)
+    return bad("dropout probabilities must be in [0, 1)");
+  if (a->tokenizer_type == "NullTokenizer") {
+    if (a->vocab_size <= 0) return bad("NullTokenizer needs --vocab-size");
+  } else if (a->tokenizer_type != "GPT2BPETokenizer") {
+    return bad("--tokenizer-type must be GPT2BPETokenizer or NullTokenizer, not ",
+               a->tokenizer_type);
+  }
+  const int tp = a->tensor_model_parallel_size, pp = a->pipeline_model_parallel_size;
+  if (tp <= 0 || pp <= 0) return bad("parallel sizes must be positive");
+  if (a->world_size % (tp * pp) != 0)
+    return bad("world size ", a->world_size, " is not divisible by TP ", tp, " x PP ", pp);
+  if (a->num_attention_heads % tp != 0)
+    return bad("--num-attention-heads ", a->num_attention_heads, " is not divisible by TP ", tp);
+  if (a->num_query_groups % tp != 0)
+    return bad("--num-query-groups ", a->num_query_groups, " is not divisible by TP ", tp);
+  if (a->position_embedding_type == "rope" && a->kv_channels % 2 != 0)
+    return bad("rope needs an even head dimension, not ", a->kv_channels);
+  if (a->ffn_hidden_size % tp != 0)
+    return bad("--ffn-hidden-size ", a->ffn_hidden_size, " is not divisible by TP ", tp);
+  const std::optional<int64_t> first = a->decoder_first_pipeline_num_layers,
+                               last = a->decoder_last_pipeline_num_layers;
+  if (first || last) {
+    // Megatron-Core's uneven split: the first and/or last stage hold what is asked, the other
+    // stages share the rest evenly.
+    std::string what;  // "--decoder-first-pipeline-num-layers 5 and --decoder-last-... 7"
+    for (auto [flag, n] : {std::pair{"--decoder-first-pipeline-num-layers", first},
+                           std::pair{"--decoder-last-pipeline-num-layers", last}}) {
+      if (!n) continue;
+      if (*n < 1) return bad(flag, " must be at least 1, not ", *n);
+      absl::StrAppend(&what, what.empty() ? "" : " and ", flag, " ", *n);
+    }
+    if (pp < 2) return bad(what, " needs PP > 1");
+    if (a->num_layers_per_virtual_pipeline_stage != 0)
+      return bad(what, " does not work with --num-layers-per-virtual-pipeline-stage");
+    const int64_t rest = a->num_layers - first.value_or(0) - last.value_or(0);
+    const int others = pp - (first ? 1 : 0) - (last ? 1 : 0);
+    if (others == 0 && rest != 0)
+      return bad(what, " must add up to --num-layers ", a->num_layers, " with PP ", pp);
+    if (others > 0 && (rest < others || rest % others != 0))
+      return bad("--num-layers ", a->num_layers, " minus ", what, " leaves ", rest,
+                 " layers, which do not split evenly over the other ", others, " pipeline stage",
+                 others == 1 ? "" : "s", " of PP ", pp, " (at least 1 layer each)");
+  } else if (a->num_layers % pp != 0) {
+    return bad("--num-layers ", a->num_layers, " is not divisible by PP ", pp);
+  }
+  const int dp = a->data_parallel_size();
+  if (a->global_batch_size % (a->micro_batch_size * dp) != 0)
+    return bad("--global-batch-size ", a->global_batch_size, " is not divisible by micro-batch ",
+               a->micro_batch_size, " x DP ", dp);
+  if (a->num_layers_per_virtual_pipeline_stage != 0) {
+    const int64_t per = a->num_layers_per_virtual_pipeline_stage;
+    if (pp < 2) return bad("--num-layers-per-virtual-pipeline-stage needs PP > 1");
+    if (per <= 0 || a->num_layers % (per * pp) != 0)
+      return bad("--num-layers ", a->num_layers, " is not divisible by PP ", pp,
+                 " x --num-layers-per-virtual-pipeline-stage ", per);
+    if (a->num_micro_batches() % pp != 0)
+      return bad("the interleaved schedule needs the ", a->num_micro_batches(),
+                 " micro-batches per step to be divisible by PP ", pp);
+  }
+  if (!a->recompute_granularity.empty()) {
+    if (a->recompute_granularity != "full" && a->recompute_granularity != "selective")
+      return bad("--recompute-granularity must be full or selective, not ",
+                 a->recompute_granularity);
+    if (a->recompute_granularity == "full") {
+      if (a->recompute_method != "uniform" && a->recompute_method != "block")
+        return bad("--recompute-granularity full needs --recompute-method uniform or block");
+      if (a->recompute_num_layers <= 0)
+        return bad("--recompute-granularity full needs --recompute-num-layers > 0");
+    }
+  }
+  if (tp == 1) a->sequence_parallel = false;  // as Megatron does
+  if (a->sequence_parallel && a->seq_length % tp != 0)
+    return bad("--sequence-parallel needs --seq-length ", a->seq_length, " divisible by TP ", tp);
+  if (a->mock_data == !a->data_path.empty())
+    return bad("give exactly one of --data-path and --mock-data");
+  if (a->lr_decay_iters == 0) a->lr_decay_iters = a->train_iters;
+  if (a->lr_warmup_iters > a->lr_decay_iters)
+    return bad("--lr-warmup-iters ", a->lr_warmup_iters, " exceeds --lr-decay-iters ",
+               a->lr_decay_iters);
+  if (absl::StatusOr<DecayStyle> s = ParseDecayStyle(a->lr_decay_style); !s.ok()) return s.status();
+  if (a->lr_decay_style == "WSD") {
+    if (absl::StatusOr<WsdDecayStyle> s = ParseWsdDecayStyle(a->lr_wsd_decay_style); !s.ok())
+      return s.status();
+    if (a->lr_wsd_decay_iters <= 0 || a->lr_wsd_decay_iters > a->lr_decay_iters)
+      return bad("WSD needs 0 < --lr-wsd-decay-iters <= --lr-decay-iters");
+  }
+  if (a->min_lr > a->lr) return bad("--min-lr ", a->min_lr, " exceeds --lr ", a->lr);
+  if (a->save_interval > 0 && a->save.empty()) return bad("--save-interval needs --save");
+  if (a->log_interval <= 0 || a->eval_interval <= 0 || a->eval_iters < 0)
+    return bad("--log-interval and --eval-interval must be positive, --eval-iters not negative");
+  if (a->backend.empty()) a->backend = a->bf16 ? "cuda" : "cpu";
+#ifdef LEANTRON_HAVE_CUDA
+  if (a->backend != "cpu" && a->backend != "cuda")
+    return bad("--ops-backend must be cpu or cuda, not ", a->backend);
+#else
+  if (a->backend != "cpu")
+    return bad("--ops-backend ", a->backend, " is not in this build (cpu; built without CUDA)");
+#endif
+  if (a->bf16 && a->backend != "cuda") return bad("--bf16 needs --ops-backend cuda");
+  if (a->grad_reduce_in_bf16 && !a->bf16) return bad("--grad-reduce-in-bf16 needs --bf16");
+  return absl::OkStatus();
+}
+
+ckpt::ModelConfig ModelConfigFromArgs(const TrainArgs& a) {
+  ckpt::ModelConfig c;
+  c.num_layers = a.num_layers;
+  c.hidden_size = a.hidden_size;
+  c.ffn_hidden_size = a.ffn_hidden_size;
+  c.num_attention_heads = a.num_attention_heads;
+  c.num_query_groups = a.num_query_groups;
+  c.kv_channels = a.kv_channels;
+  c.vocab_size = a.true_vocab_size();
+  c.max_position_embeddings = a.max_position_embeddings;
+  c.make_vocab_size_divisible_by = a.make_vocab_size_divisible_by;
+  c.normalization =
+      a.normalization == "RMSNorm" ? ckpt::NormType::kRMSNorm : ckpt::NormType::kLayerNorm;
+  c.norm_epsilon = a.norm_epsilon;
+  c.activation = a.swiglu        ? ckpt::Activation::kSwiGLU
+                 : a.openai_gelu ? ckpt::Activation::kGeluTanh
+                                 : ckpt::Activation::kGelu;
+  c.position_embedding_type = a.position_embedding_type == "rope"
+                                  ? ckpt::PositionEmbedding::kRope
+                                  : ckpt::PositionEmbedding::kLearnedAbsolute;
+  c.rotary_base = a.rotary_base;
+  c.add_bias_linear = !a.disable_bias_linear;
+  c.add_qkv_bias = !a.disable_bias_linear || a.add_qkv_bias;
+  c.untie_embeddings_and_output_weights = a.untie_embeddings;
+  c.params_dtype = ckpt::DType::kF32;
+  return c;
+}
+
+ckpt::ParallelConfig ParallelConfigFromArgs(const TrainArgs& a) {
+  ckpt::ParallelConfig p;
+  p.tp = a.tensor_model_parallel_size;
+  p.pp = a.pipeline_model_parallel_size;
+  p.vpp = a.virtual_pipeline_size();
+  p.first_stage_layers = static_cast<int>(a.decoder_first_pipeline_num_layers.value_or(0));
+  p.last_stage_layers = static_cast<int>(a.decoder_last_pipeline_num_layers.value_or(0));
+  return p;
+}
+
+std::string TrainArgsToJson(const TrainArgs& a) {
+  // Megatron writes null for an unset uneven split.
+  auto count = [](const std::optional<int64_t>& n) {
+    return n ? absl::StrCat(*n) : std::string("null");
+  };
+  return absl::StrFormat(
+      "{\"micro_batch_size\": %d, \"global_batch_size\": %d, \"seq_length\": %d, "
+      "\"train_iters\": %d, \"lr\": %.17g, \"min_lr\": %.17g, \"lr_decay_style\": \"%s\", "
+      "\"lr_warmup_iters\": %d, \"lr_decay_iters\": %d, \"weight_decay\": %.17g, "
+      "\"clip_grad\": %.17g, \"seed\": %d, \"hidden_dropout\": %.17g, "
+      "\"attention_dropout\": %.17g, \"tensor_model_parallel_size\": %d, "
+      "\"pipeline_model_parallel_size\": %d, \"data_parallel_size\": %d, "
+      "\"sequence_parallel\": %s, \"use_distributed_optimizer\": %s, \"tokenizer_type\": \"%s\", "
+      "\"virtual_pipeline_model_parallel_size\": %d, \"decoder_first_pipeline_num_layers\": %s, "
+      "\"decoder_last_pipeline_num_layers\": %s}",
+      a.micro_batch_size, a.global_batch_size, a.seq_length, a.train_iters, a.lr, a.min_lr,
+      a.lr_decay_style, a.lr_warmup_iters, a.lr_decay_iters, a.weight_decay, a.clip_grad, a.seed,
+      a.hidden_dropout, a.attention_dropout, a.tensor_model_parallel_size,
+      a.pipeline_model_parallel_size, a.data_parallel_size(),
+      a.sequence_parallel ? "true" : "false", a.use_distributed_optimizer ? "true" : "false",
+      a.tokenizer_type, a.virtual_pipeline_size(), count(a.decoder_first_pipeline_num_layers),
+      count(a.decoder_last_pipeline_num_layers));
+}
+
+}  // namespace leantron::trainer

@@ -1,0 +1,187 @@
+#include "trainer/core/checkpoint.h"
+
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "libckpt/checkpoint_reader.h"
+#include "libckpt/checkpoint_writer.h"
+
+namespace leantron::trainer {
+namespace {
+
+// Every rank learns whether any rank failed; the first failing rank's message stays local, the
+// others report which step failed.
+absl::Status AgreeOnFailure(Communicator& world, const absl::Status& local, const char* step) {
+  float failed = local.ok() ? 0.0f : 1.0f;
+  world.AllReduceMax(&failed, 1);
+  if (!local.ok()) return local;
+  if (failed > 0.0f)
+    return absl::InternalError(absl::StrCat("checkpoint ", step, " failed on another rank"));
+  return absl::OkStatus();
+}
+
+std::vector<ckpt::RankTensor> Tensors(const ParamStore& params, const float* base) {
+  std::vector<ckpt::RankTensor> out;
+  for (const ParamView& v : params.views()) {
+    out.push_back({v.name, std::as_bytes(std::span<const float>(base + v.offset, v.numel))});
+  }
+  return out;
+}
+
+absl::Status CheckSameModel(const ckpt::ModelConfig& saved, const ckpt::ModelConfig& ours) {
+  auto mismatch = [](const char* what, int64_t a, int64_t b) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint has ", what, " ", a, " but this run has ", b));
+  };
+  if (saved.num_layers != ours.num_layers)
+    return mismatch("num_layers", saved.num_layers, ours.num_layers);
+  if (saved.hidden_size != ours.hidden_size)
+    return mismatch("hidden_size", saved.hidden_size, ours.hidden_size);
+  if (saved.num_attention_heads != ours.num_attention_heads)
+    return mismatch("num_attention_heads", saved.num_attention_heads, ours.num_attention_heads);
+  if (saved.ffn_hidden_size != ours.ffn_hidden_size)
+    return mismatch("ffn_hidden_size", saved.ffn_hidden_size, ours.ffn_hidden_size);
+  if (saved.vocab_size != ours.vocab_size)
+    return mismatch("vocab_size", saved.vocab_size, ours.vocab_size);
+  if (saved.max_position_embeddings != ours.max_position_embeddings)
+    return mismatch("max_position_embeddings", saved.max_position_embeddings,
+                    ours.max_position_embeddings);
+  if (saved.num_query_groups != ours.num_query_groups)
+    return mismatch("num_query_groups", saved.num_query_groups, ours.num_query_groups);
+  if (saved.kv_channels != ours.kv_channels)
+    return mismatch("kv_channels", saved.kv_channels, ours.kv_channels);
+  if (saved.normalization != ours.normalization)
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint uses ", std::string(ckpt::NormTypeName(saved.normalization)),
+                     " (--normalization)"));
+  if (saved.position_embedding_type != ours.position_embedding_type)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint uses ", std::string(ckpt::PositionEmbeddingName(saved.position_embedding_type)),
+        " positions (--position-embedding-type)"));
+  if (saved.untie_embeddings_and_output_weights != ours.untie_embeddings_and_output_weights)
+    return absl::InvalidArgumentError(
+        "checkpoint and run differ in --untie-embeddings-and-output-weights");
+  if (saved.add_bias_linear != ours.add_bias_linear || saved.add_qkv_bias != ours.add_qkv_bias)
+    return absl::InvalidArgumentError(
+        "checkpoint and run differ in linear biases (--disable-bias-linear, --add-qkv-bias)");
+  if (saved.activation != ours.activation) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint uses ", std::string(ckpt::ActivationName(saved.activation)),
+                     " but this run uses ", std::string(ckpt::ActivationName(ours.activation)),
+                     " (--openai-gelu selects gelu_tanh)"));
+  }
+  if (saved.params_dtype != ckpt::DType::kF32)
+    return absl::InvalidArgumentError("only float32 checkpoints can be loaded by the cpu trainer");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SaveTrainingCheckpoint(const TrainArgs& args, const ckpt::ModelLayout& layout,
+                                    ProcessGroups& groups, ParamStore& params, Optimizer& optimizer,
+                                    const TrainPosition& position) {
+  Communicator& world = *groups.world;
+  std::vector<float> exp_avg, exp_avg_sq;
+  optimizer.GatherParams();                      // collective over DP
+  optimizer.GatherState(&exp_avg, &exp_avg_sq);  // collective over DP
+
+  absl::Status st;
+  std::string temp_dir;
+  if (groups.world_rank == 0) {
+    absl::StatusOr<std::string> t = ckpt::PrepareCheckpointSave(args.save, position.iteration);
+    st = t.status();
+  }
+  if (absl::Status s = AgreeOnFailure(world, st, "preparation"); !s.ok()) return s;
+  temp_dir = absl::StrCat(args.save, "/", ckpt::IterationDirName(position.iteration), ".tmp");
+
+  st = absl::OkStatus();
+  if (groups.coords.dp == 0) {
+    const std::vector<float> host = params.HostData();
+    const std::vector<ckpt::RankTensor> p = Tensors(params, host.data());
+    std::vector<ckpt::RankTensor> m, v;
+    for (const ParamView& view : params.views()) {
+      m.push_back({view.name, std::as_bytes(std::span<const float>(exp_avg.data() + view.offset,
+                                                                   view.numel))});
+      v.push_back({view.name, std::as_bytes(std::span<const float>(exp_avg_sq.data() + view.offset,
+                                                                   view.numel))});
+    }
+    st = ckpt::WriteRankShard(temp_dir, layout, groups.coords.tp, groups.coords.pp, p, &p, &m, &v);
+  }
+  if (absl::Status s = AgreeOnFailure(world, st, "shard write"); !s.ok()) return s;
+
+  st = absl::OkStatus();
+  if (groups.world_rank == 0) {
+    ckpt::CheckpointMetadata meta;
+    meta.config = layout.config();
+    meta.parallel = layout.parallel();
+    meta.iteration = position.iteration;
+    meta.consumed_samples = position.consumed_train_samples;
+    meta.has_optimizer = true;
+    meta.optimizer_step = optimizer.step();
+    meta.args_json = TrainArgsToJson(args);
+    st = ckpt::CommitCheckpointSave(args.save, temp_dir, meta);
+  }
+  return AgreeOnFailure(world, st, "commit");
+}
+
+absl::Status LoadTrainingCheckpoint(const TrainArgs& args, const ckpt::ModelLayout& layout,
+                                    ProcessGroups& groups, ParamStore& params, Optimizer& optimizer,
+                                    TrainPosition* position) {
+  absl::Status st;
+  std::unique_ptr<ckpt::CheckpointReader> reader;
+  {
+    absl::StatusOr<std::unique_ptr<ckpt::CheckpointReader>> r =
+        ckpt::CheckpointReader::Open(args.load, std::nullopt);
+    if (r.ok()) {
+      reader = std::move(*r);
+      st = CheckSameModel(reader->metadata().config, layout.config());
+    } else {
+      st = r.status();
+    }
+  }
+  const bool load_optim = !args.finetune && !args.no_load_optim;
+  if (st.ok() && load_optim && !reader->has_optimizer()) {
+    st = absl::FailedPreconditionError(
+        absl::StrCat(args.load, " has no optimizer state; pass --no-load-optim or --finetune"));
+  }
+  if (absl::Status s = AgreeOnFailure(*groups.world, st, "load"); !s.ok()) return s;
+
+  const int tp_rank = groups.coords.tp;
+  std::vector<float> exp_avg(params.size()), exp_avg_sq(params.size()), param(params.size());
+  ckpt::Tensor full;
+  auto read_into = [&](const ParamView& v, ckpt::TensorKind kind, float* dst) -> absl::Status {
+    if (absl::Status s = reader->ReadFull(*v.spec, kind, &full); !s.ok()) return s;
+    if (full.dtype != ckpt::DType::kF32)
+      return absl::InvalidArgumentError(absl::StrCat(v.name, ": not float32"));
+    layout.ExtractShard(*v.spec, tp_rank, sizeof(float), full.bytes(),
+                        std::as_writable_bytes(std::span<float>(dst, v.numel)));
+    return absl::OkStatus();
+  };
+  st = absl::OkStatus();
+  for (const ParamView& v : params.views()) {
+    // The fp32 main weights are the truth when present; the model copy equals them in fp32 runs.
+    const ckpt::TensorKind kind =
+        load_optim ? ckpt::TensorKind::kMainParam : ckpt::TensorKind::kParam;
+    st = read_into(v, kind, param.data() + v.offset);
+    if (st.ok()) params.SetFromHost(v, param.data() + v.offset);
+    if (st.ok() && load_optim)
+      st = read_into(v, ckpt::TensorKind::kExpAvg, exp_avg.data() + v.offset);
+    if (st.ok() && load_optim)
+      st = read_into(v, ckpt::TensorKind::kExpAvgSq, exp_avg_sq.data() + v.offset);
+    if (!st.ok()) break;
+  }
+  if (absl::Status s = AgreeOnFailure(*groups.world, st, "tensor read"); !s.ok()) return s;
+  if (load_optim) {
+    optimizer.ScatterState(exp_avg, exp_avg_sq);
+    optimizer.set_step(reader->metadata().optimizer_step);
+  }
+  if (!args.finetune) {
+    position->iteration = reader->metadata().iteration < 0 ? 0 : reader->metadata().iteration;
+    position->consumed_train_samples = reader->metadata().consumed_samples;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace leantron::trainer

@@ -1,0 +1,201 @@
+#include "trainer/core/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace leantron::trainer {
+
+Optimizer::Optimizer(Ops* ops, ParamStore* params, ProcessGroups* groups,
+                     const OptimizerOptions& options)
+    : ops_(ops), params_(params), groups_(groups), opt_(options) {
+  const size_t n = params_->size();
+  if (opt_.buckets.empty()) opt_.buckets.push_back({0, n, -1, -1});
+  // The buckets must tile the buffer: every element reduced once and stepped by one rank.
+  {
+    std::vector<std::pair<size_t, size_t>> tiles;
+    for (const DpBucket& b : opt_.buckets) tiles.push_back({b.offset, b.offset + b.numel});
+    std::sort(tiles.begin(), tiles.end());
+    size_t at = 0;
+    for (const auto& [b, e] : tiles) {
+      if (b != at) break;
+      at = e;
+    }
+    if (at != n) {
+      std::fprintf(stderr, "Optimizer: the data-parallel buckets do not cover the %zu parameters\n",
+                   n);
+      std::abort();
+    }
+  }
+  if (sharded()) {
+    for (const DpBucket& b : opt_.buckets) {
+      const auto [first, last] = b.Part(groups_->dp->rank(), groups_->dp->size());
+      if (first < last) owned_.push_back({first, last, 0});
+    }
+    std::sort(owned_.begin(), owned_.end(),
+              [](const Owned& a, const Owned& b) { return a.begin < b.begin; });
+  } else {
+    owned_.push_back({0, n, 0});
+  }
+  for (Owned& o : owned_) {
+    o.state = state_elements_;
+    state_elements_ += o.end - o.begin;
+  }
+  exp_avg_ = ops_->Alloc(state_elements_);
+  exp_avg_sq_ = ops_->Alloc(state_elements_);
+  // Adjacent pieces with the same treatment merge into one range: a few long kernels (and, for
+  // the norm, a few device-to-host reads) per step instead of one per tensor.
+  for (const Owned& o : owned_) {
+    for (const ParamView& v : params_->views()) {
+      const size_t b = std::max(o.begin, v.offset), e = std::min(o.end, v.offset + v.numel);
+      if (b >= e) continue;
+      if (v.count_in_norm) {
+        if (!norm_ranges_.empty() && norm_ranges_.back().second == b) {
+          norm_ranges_.back().second = e;
+        } else {
+          norm_ranges_.push_back({b, e});
+        }
+      }
+      const size_t state = o.state + (b - o.begin);
+      Range* last = adam_ranges_.empty() ? nullptr : &adam_ranges_.back();
+      if (last != nullptr && last->end == b && last->decay == v.decay &&
+          last->state + (last->end - last->begin) == state) {
+        last->end = e;
+      } else {
+        adam_ranges_.push_back({b, e, state, v.decay});
+      }
+    }
+  }
+}
+
+Optimizer::~Optimizer() {
+  ops_->Free(exp_avg_);
+  ops_->Free(exp_avg_sq_);
+}
+
+void Optimizer::ZeroGrad() { ops_->Zero(params_->grad(), params_->size()); }
+
+void Optimizer::FinalizeGrads() {
+  float* grad = params_->grad();
+  // Sequence parallelism: replicated parameters saw only this rank's rows.
+  if (groups_->tp->size() > 1) {
+    std::vector<std::pair<float*, size_t>> partial;
+    for (const ParamView& v : params_->views())
+      if (v.tp_partial_grad) partial.push_back({grad + v.offset, v.numel});
+    groups_->tp->AllReduceSumMany(partial);
+  }
+  // Tied embeddings across the first and last stage: both copies get the sum.
+  if (groups_->embedding && !params_->layout().config().untie_embeddings_and_output_weights) {
+    for (const char* name : {"embedding.word_embeddings.weight", "output_layer.weight"}) {
+      const ParamView* v = params_->Find(name);
+      if (v == nullptr) continue;
+      if (std::string(name) == "output_layer.weight" && v->spec->tied_to.empty()) continue;
+      groups_->embedding->AllReduceSum(grad + v->offset, v->numel);
+    }
+  }
+  Communicator* dp = groups_->dp.get();
+  if (dp->size() == 1 || opt_.dp_by_model) return;
+  // The data-parallel sum, bucket by bucket (the Gloo backend's reduce-scatter is an all-reduce
+  // underneath, so the distributed optimizer reduces whole buckets too and uses its parts). The
+  // 1/DP averaging happens inside the step.
+  for (const DpBucket& b : opt_.buckets) dp->AllReduceSum(grad + b.offset, b.numel);
+}
+
+StepResult Optimizer::Step(float lr) {
+  StepResult result;
+  float* grad = params_->grad();
+  float* data = params_->data();
+  // Squared norm over the parameters this rank counts, restricted to what it steps; the
+  // gradients are still the sum over DP ranks.
+  double sq = 0.0;
+  for (const auto& [b, e] : norm_ranges_) sq += ops_->SumSquares(grad + b, e - b);
+  groups_->model->AllReduceSumDouble(&sq, 1);
+  if (sharded()) groups_->dp->AllReduceSumDouble(&sq, 1);
+  const double inv_dp = 1.0 / static_cast<double>(groups_->dp->size());
+  result.grad_norm = std::sqrt(sq) * inv_dp;
+  if (!std::isfinite(result.grad_norm)) {
+    result.skipped = true;
+    return result;
+  }
+  float grad_scale = static_cast<float>(inv_dp);
+  if (opt_.clip_grad > 0.0f) {
+    const double coeff = opt_.clip_grad / (result.grad_norm + 1e-6);
+    if (coeff < 1.0) grad_scale *= static_cast<float>(coeff);
+  }
+  ++step_;
+  uint16_t* low = params_->bf16_copy();
+  for (const Range& r : adam_ranges_) {
+    ops_->AdamWStep(data + r.begin, grad + r.begin, exp_avg_ + r.state, exp_avg_sq_ + r.state,
+                    r.end - r.begin, lr, opt_.beta1, opt_.beta2, opt_.eps,
+                    r.decay ? opt_.weight_decay : 0.0f, step_, grad_scale,
+                    low != nullptr ? low + r.begin : nullptr);
+  }
+  params_->WeightsStepped();
+  if (sharded()) {
+    if (opt_.dp_by_model) {
+      params_partial_ = true;
+    } else {
+      BroadcastParts();
+    }
+  }
+  return result;
+}
+
+void Optimizer::BroadcastParts() {
+  float* data = params_->data();
+  const int dp = groups_->dp->size();
+  for (const DpBucket& b : opt_.buckets) {
+    for (int r = 0; r < dp; ++r) {
+      const auto [first, last] = b.Part(r, dp);
+      if (first < last) groups_->dp->Broadcast(data + first, last - first, r);
+    }
+  }
+}
+
+void Optimizer::GatherParams() {
+  if (!params_partial_) return;
+  BroadcastParts();
+  params_partial_ = false;
+}
+
+void Optimizer::GatherState(std::vector<float>* exp_avg, std::vector<float>* exp_avg_sq) {
+  const size_t n = params_->size();
+  exp_avg->assign(n, 0.0f);
+  exp_avg_sq->assign(n, 0.0f);
+  if (!sharded()) {
+    ops_->CopyToHost(exp_avg->data(), exp_avg_, n * sizeof(float));
+    ops_->CopyToHost(exp_avg_sq->data(), exp_avg_sq_, n * sizeof(float));
+    return;
+  }
+  // A window of the flat order at a time (bounded extra device memory, as a save late in a run
+  // near the memory limit needs): every rank places its parts in the zeroed window, the sum over
+  // DP is the whole.
+  const size_t window = std::max<size_t>(1, std::min(n, opt_.gather_window));
+  float* buffer = ops_->Alloc(window);
+  for (auto [state, host] : {std::pair{exp_avg_, exp_avg}, std::pair{exp_avg_sq_, exp_avg_sq}}) {
+    for (size_t w = 0; w < n; w += window) {
+      const size_t len = std::min(window, n - w);
+      ops_->Zero(buffer, len);
+      for (const Owned& o : owned_) {
+        const size_t b = std::max(o.begin, w), e = std::min(o.end, w + len);
+        if (b < e) ops_->Copy(buffer + (b - w), state + o.state + (b - o.begin), e - b);
+      }
+      groups_->dp->AllReduceSum(buffer, len);
+      ops_->CopyToHost(host->data() + w, buffer, len * sizeof(float));
+    }
+  }
+  ops_->Free(buffer);
+}
+
+void Optimizer::ScatterState(const std::vector<float>& exp_avg,
+                             const std::vector<float>& exp_avg_sq) {
+  for (const Owned& o : owned_) {
+    const size_t bytes = (o.end - o.begin) * sizeof(float);
+    ops_->CopyFromHost(exp_avg_ + o.state, exp_avg.data() + o.begin, bytes);
+    ops_->CopyFromHost(exp_avg_sq_ + o.state, exp_avg_sq.data() + o.begin, bytes);
+  }
+}
+
+}  // namespace leantron::trainer

@@ -1,0 +1,94 @@
+// Gradient reduction and AdamW over the flat buffers.
+//   Finalize: sequence-parallel partial gradients summed over TP, the tied embedding copies'
+//   gradients summed over the first and last stage, then the data-parallel sum in buckets (unless
+//   the model has summed them already, overlapped with its backward).
+//   Step: the true global gradient norm (each parameter counted once, whatever its sharding),
+//   NaN/Inf → skip, then AdamW (no decay on biases and norms) with fp32 main weights on the
+//   gradient times 1/DP and the clipping coefficient (one multiply inside the update, no separate
+//   pass), writing the model's bf16 copy beside. With the distributed optimizer (ZeRO-1) each DP
+//   rank keeps Adam moments for, and steps, only its part of every bucket; the parts are then
+//   broadcast, or gathered by the model overlapped with the next forward.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "trainer/dist/comm.h"
+#include "trainer/reference/ops.h"
+#include "trainer/core/params.h"
+
+namespace leantron::trainer {
+
+struct OptimizerOptions {
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float weight_decay = 0.01f;
+  float clip_grad = 1.0f;  // 0 disables clipping
+  bool distributed = false;
+  // The data-parallel buckets of this rank's buffers (every model chunk's PlanDpBuckets). Empty:
+  // the whole buffer is one bucket.
+  std::vector<DpBucket> buckets;
+  // The model has already summed the gradient over DP (overlapped with its backward), and with the
+  // distributed optimizer it gathers the stepped parts itself before its next forward.
+  bool dp_by_model = false;
+  // Elements of the flat order GatherState assembles at a time (64 MiB of floats).
+  size_t gather_window = size_t{16} << 20;
+};
+
+struct StepResult {
+  double grad_norm = 0.0;  // before clipping
+  bool skipped = false;    // NaN/Inf gradient: no update
+};
+
+class Optimizer {
+ public:
+  Optimizer(Ops* ops, ParamStore* params, ProcessGroups* groups, const OptimizerOptions& options);
+  ~Optimizer();
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  void ZeroGrad();
+  void FinalizeGrads();
+  StepResult Step(float lr);
+
+  int64_t step() const { return step_; }
+  size_t state_elements() const { return state_elements_; }  // per Adam moment, on this rank
+  void set_step(int64_t s) { step_ = s; }
+  // Makes every DP rank's fp32 weights whole again where the model gathers only before its next
+  // forward (collective over DP; nothing to do otherwise). Before reading them, as a save does.
+  void GatherParams();
+  // Adam moments for the whole of this rank's (tp, pp) shard, in the ParamStore's flat order. With
+  // the distributed optimizer these gather every DP rank's slice (collective over DP).
+  void GatherState(std::vector<float>* exp_avg, std::vector<float>* exp_avg_sq);
+  // Sets the moments from whole-shard arrays (each DP rank keeps its slice).
+  void ScatterState(const std::vector<float>& exp_avg, const std::vector<float>& exp_avg_sq);
+
+ private:
+  bool sharded() const { return opt_.distributed && groups_->dp->size() > 1; }
+  // Each bucket's part owned by DP rank r broadcast from it (fp32 weights whole everywhere).
+  void BroadcastParts();
+
+  Ops* ops_;
+  ParamStore* params_;
+  ProcessGroups* groups_;
+  OptimizerOptions opt_;
+  // The flat ranges this rank steps (all of it, or its part of every bucket), in flat order, and
+  // where each one's moments start in exp_avg_/exp_avg_sq_.
+  struct Owned {
+    size_t begin, end, state;
+  };
+  std::vector<Owned> owned_;
+  size_t state_elements_ = 0;
+  float* exp_avg_ = nullptr;
+  float* exp_avg_sq_ = nullptr;
+  struct Range {
+    size_t begin, end, state;
+    bool decay;
+  };
+  std::vector<std::pair<size_t, size_t>> norm_ranges_;  // counted in the gradient norm
+  std::vector<Range> adam_ranges_;                      // the owned ranges, by weight decay
+  bool params_partial_ = false;  // only the owned parts are current (the model gathers)
+  int64_t step_ = 0;
+};
+
+}  // namespace leantron::trainer

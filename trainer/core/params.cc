@@ -1,0 +1,184 @@
+#include "trainer/core/params.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <span>
+
+#include "absl/strings/match.h"
+
+namespace leantron::trainer {
+
+void FillNormal(uint64_t seed, const std::string& name, double std, std::vector<float>* out) {
+  uint64_t key = SplitMix64(seed);
+  for (char ch : name) key = SplitMix64(key ^ static_cast<unsigned char>(ch));
+  // Element i comes from counter i alone, so the leading rows of a padded vocabulary do not
+  // depend on how much padding there is (TP changes the padding).
+  const size_t n = out->size();
+  for (size_t i = 0; i < n; i += 2) {
+    const uint64_t a = SplitMix64(key + i), b = SplitMix64(key + i + 1);
+    const double u1 = (static_cast<double>(a >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+    const double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;
+    const double r = std::sqrt(-2.0 * std::log(u1));
+    (*out)[i] = static_cast<float>(std * r * std::cos(2.0 * M_PI * u2));
+    if (i + 1 < n) (*out)[i + 1] = static_cast<float>(std * r * std::sin(2.0 * M_PI * u2));
+  }
+}
+
+ParamStore::ParamStore(Ops* ops, const ckpt::ModelLayout& layout, int tp_rank, int pp_rank,
+                       bool sequence_parallel)
+    : ops_(ops), layout_(layout), tp_rank_(tp_rank) {
+  for (const ckpt::ParamSpec* spec : layout.StageParams(pp_rank)) {
+    ParamView v;
+    v.name = spec->name;
+    v.spec = spec;
+    v.shard_shape = layout.ShardShape(*spec);
+    v.numel = static_cast<size_t>(ckpt::NumElements(v.shard_shape));
+    v.offset = size_;
+    v.decay = spec->shape.size() > 1;
+    const bool replicated = spec->split == ckpt::TpSplit::kReplicated;
+    v.count_in_norm = spec->tied_to.empty() && (!replicated || tp_rank == 0);
+    v.tp_partial_grad = sequence_parallel && replicated && layout.parallel().tp > 1;
+    size_ += v.numel;
+    views_.push_back(std::move(v));
+  }
+  data_ = ops_->Alloc(size_);
+  grad_ = ops_->Alloc(size_);
+}
+
+ParamStore::~ParamStore() {
+  ops_->Free(data_);
+  ops_->Free(grad_);
+}
+
+const ParamView* ParamStore::Find(const std::string& name) const {
+  for (const ParamView& v : views_)
+    if (v.name == name) return &v;
+  return nullptr;
+}
+
+float* ParamStore::Param(const std::string& name) {
+  const ParamView* v = Find(name);
+  return v ? data_ + v->offset : nullptr;
+}
+
+std::vector<float> ParamStore::HostData() const {
+  std::vector<float> host(size_);
+  ops_->CopyToHost(host.data(), data_, size_ * sizeof(float));
+  return host;
+}
+
+void ParamStore::SetFromHost(const ParamView& view, const float* host) {
+  ops_->CopyFromHost(data_ + view.offset, host, view.numel * sizeof(float));
+  WeightsRewritten();
+}
+
+float* ParamStore::Grad(const std::string& name) {
+  const ParamView* v = Find(name);
+  return v ? grad_ + v->offset : nullptr;
+}
+
+void ParamStore::Initialize(uint64_t seed, double init_std) {
+  WeightsRewritten();
+  const int64_t num_layers = layout_.config().num_layers;
+  const double output_std = init_std / std::sqrt(2.0 * static_cast<double>(num_layers));
+  std::vector<float> full, shard;
+  for (const ParamView& v : views_) {
+    const ckpt::ParamSpec& spec = *v.spec;
+    full.assign(static_cast<size_t>(ckpt::NumElements(spec.shape)), 0.0f);
+    const std::string& source = spec.tied_to.empty() ? spec.name : spec.tied_to;
+    if (absl::EndsWith(source, "layernorm.weight")) {
+      std::fill(full.begin(), full.end(), 1.0f);
+    } else if (absl::EndsWith(source, ".bias")) {
+      // zeros
+    } else if (absl::EndsWith(source, "linear_proj.weight") ||
+               absl::EndsWith(source, "linear_fc2.weight")) {
+      FillNormal(seed, source, output_std, &full);
+    } else {
+      FillNormal(seed, source, init_std, &full);
+    }
+    shard.assign(v.numel, 0.0f);
+    layout_.ExtractShard(spec, tp_rank_, sizeof(float), std::as_bytes(std::span<const float>(full)),
+                         std::as_writable_bytes(std::span<float>(shard)));
+    ops_->CopyFromHost(data_ + v.offset, shard.data(), v.numel * sizeof(float));
+  }
+}
+
+std::pair<size_t, size_t> DpBucket::Part(int rank, int size) const {
+  const size_t each = (numel + size - 1) / size;
+  const size_t begin = std::min(numel, each * rank), end = std::min(numel, begin + each);
+  return {offset + begin, offset + end};
+}
+
+int DpReduceStartLayer(const std::vector<double>& left_ms, double reduce_ms) {
+  if (!(reduce_ms > 0.0)) return -1;
+  for (size_t l = 0; l < left_ms.size(); ++l)
+    if (left_ms[l] >= kDpReduceMargin * reduce_ms) return static_cast<int>(l);
+  return -1;
+}
+
+std::vector<DpBucket> PlanDpBuckets(const ParamStore& params, int first_layer, int last_layer,
+                                    bool first_chunk, bool last_chunk, size_t bucket_elements) {
+  // Each layer's span of the flat buffer, and the chunk's other tensors.
+  const int layers = std::max(0, last_layer - first_layer);
+  std::vector<std::pair<size_t, size_t>> span(layers, {SIZE_MAX, 0}), rest;
+  for (const ParamView& v : params.views()) {
+    int layer = -1;
+    if (std::sscanf(v.name.c_str(), "decoder.layers.%d.", &layer) == 1) {
+      if (layer < first_layer || layer >= last_layer) continue;
+      auto& r = span[layer - first_layer];
+      r.first = std::min(r.first, v.offset);
+      r.second = std::max(r.second, v.offset + v.numel);
+    } else if ((first_chunk && v.name.rfind("embedding.", 0) == 0) ||
+               (last_chunk && v.name.rfind("embedding.", 0) != 0)) {
+      rest.push_back({v.offset, v.offset + v.numel});
+    }
+  }
+  std::vector<DpBucket> out;
+  // From the last layer down (the backward's order), merging neighbours up to the bucket size.
+  DpBucket cur;
+  for (int l = layers - 1; l >= 0; --l) {
+    const auto [first, last] = span[l];
+    if (first >= last) continue;
+    // Not adjacent, or the chunk's lowest layer: close the open bucket. The lowest layer's bucket
+    // is reduced when the backward is all but done, with nothing left to hide it behind, so it
+    // holds that layer alone; the layers above it are reduced during its backward.
+    if (cur.numel > 0 && (cur.offset != last || l == 0)) {
+      out.push_back(cur);
+      cur = DpBucket{};
+    }
+    if (cur.numel == 0) cur.last_layer = l;
+    cur.numel = cur.numel == 0 ? last - first : cur.numel + (cur.offset - first);
+    cur.offset = first;
+    cur.first_layer = l;
+    if (cur.numel >= bucket_elements) {
+      out.push_back(cur);
+      cur = DpBucket{};
+    }
+  }
+  if (cur.numel > 0) out.push_back(cur);
+  // The word embedding and the output layer get a bucket each: tied across the first and last
+  // stage, their two copies' gradients are summed element by element after the data-parallel
+  // reduction, so both copies must be cut into the same parts.
+  std::sort(rest.begin(), rest.end());
+  bool alone = false;
+  for (const auto& [first, last] : rest) {
+    const ParamView* v = nullptr;
+    for (const ParamView& w : params.views())
+      if (w.offset == first) v = &w;
+    const bool tied = v != nullptr && (v->name == "embedding.word_embeddings.weight" ||
+                                       v->name == "output_layer.weight");
+    if (!tied && !alone && !out.empty() && out.back().first_layer < 0 &&
+        out.back().offset + out.back().numel == first) {
+      out.back().numel += last - first;
+    } else {
+      out.push_back({first, last - first, -1, -1});
+    }
+    alone = tied;
+  }
+  return out;
+}
+
+}  // namespace leantron::trainer

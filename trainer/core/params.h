@@ -1,0 +1,195 @@
+// One flat fp32 buffer for the parameters of this rank's (tp, pp) shard, one for their gradients,
+// and named views into both with Megatron-Core names, so the optimizer steps one buffer, data
+// parallelism reduces it in buckets and checkpoints name its pieces. Which tensors and which shard
+// shapes come from libckpt's layout; nothing here derives a split rule.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "libckpt/layout.h"
+#include "trainer/reference/ops.h"
+
+namespace leantron::trainer {
+
+struct ParamView {
+  std::string name;  // Megatron-Core name, global layer index
+  const ckpt::ParamSpec* spec = nullptr;
+  std::vector<int64_t> shard_shape;
+  size_t offset = 0;  // into the flat buffers
+  size_t numel = 0;
+  bool decay = true;  // no weight decay on biases and 1-D (norm) parameters
+  // Counted in the global gradient norm by this rank: replicated tensors only on TP rank 0, and
+  // the tied output copy never (its gradient equals the embedding's).
+  bool count_in_norm = true;
+  // Replicated across TP ranks but computed from this rank's sequence shard (sequence
+  // parallelism): its gradient is all-reduced over TP.
+  bool tp_partial_grad = false;
+};
+
+class ParamStore {
+ public:
+  ParamStore(Ops* ops, const ckpt::ModelLayout& layout, int tp_rank, int pp_rank,
+             bool sequence_parallel);
+  ~ParamStore();
+  ParamStore(const ParamStore&) = delete;
+  ParamStore& operator=(const ParamStore&) = delete;
+
+  // Megatron's initialisation, computed on the full tensor and then sharded, so that every layout
+  // starts from the same weights: normal(0, std) for weights and embeddings, std/sqrt(2L) for the
+  // output-side linears, ones/zeros for norms, zeros for biases.
+  void Initialize(uint64_t seed, double init_std);
+
+  float* data() { return data_; }
+  float* grad() { return grad_; }
+  size_t size() const { return size_; }
+  const std::vector<ParamView>& views() const { return views_; }
+  const ParamView* Find(const std::string& name) const;
+  float* Param(const std::string& name);  // nullptr when this rank does not hold it
+  // Host copies for checkpoints.
+  std::vector<float> HostData() const;
+  void SetFromHost(const ParamView& view, const float* host);
+  Ops* ops() const { return ops_; }
+  const ckpt::ModelLayout& layout() const { return layout_; }
+  float* Grad(const std::string& name);
+
+  // The bf16 copy of the whole buffer the bf16 model computes with (device memory, owned by the
+  // model that sets it; null without). The optimizer writes it beside the fp32 weights it steps.
+  uint16_t* bf16_copy() const { return bf16_copy_; }
+  void set_bf16_copy(uint16_t* p) { bf16_copy_ = p; }
+  // Counts changes of the fp32 weights: every optimizer step (which also writes the bf16 copy of
+  // what it stepped) and every wholesale rewrite (initialisation, loading), after which a bf16
+  // copy must be converted anew. weights_rewritten() is the count at the last rewrite.
+  void WeightsStepped() { ++weights_version_; }
+  uint64_t weights_version() const { return weights_version_; }
+  uint64_t weights_rewritten() const { return weights_rewritten_; }
+
+ private:
+  void WeightsRewritten() { weights_rewritten_ = ++weights_version_; }
+  Ops* ops_;
+  const ckpt::ModelLayout& layout_;
+  int tp_rank_;
+  std::vector<ParamView> views_;
+  float* data_ = nullptr;
+  float* grad_ = nullptr;
+  size_t size_ = 0;
+  uint16_t* bf16_copy_ = nullptr;
+  uint64_t weights_version_ = 0, weights_rewritten_ = 0;
+};
+
+// A contiguous range of the flat buffers that data parallelism reduces as one piece (a bucket):
+// the parameters of decoder layers [first_layer, last_layer] of one model chunk (indices relative
+// to the chunk's first layer), ready for reduction once the backward has finished first_layer; or,
+// with first_layer < 0, the chunk's embeddings or final norm and output layer, ready at the end.
+// With the distributed optimizer each data-parallel rank owns one part of every bucket.
+struct DpBucket {
+  size_t offset = 0, numel = 0;
+  int first_layer = -1, last_layer = -1;
+  // [begin, end) of the flat buffers that data-parallel rank `rank` of `size` owns: the bucket cut
+  // into `size` runs of ceil(numel / size) (the last ones may be shorter or empty).
+  std::pair<size_t, size_t> Part(int rank, int size) const;
+};
+
+// One model chunk's buckets, in the backward's order: its layers [first_layer, last_layer) from
+// the last down, neighbours merged up to `bucket_elements` (the lowest layer alone: its bucket is
+// exposed at the end of the backward), then the embeddings (`first_chunk`:
+// the first stage's first chunk) or the final norm and output layer (`last_chunk`).
+std::vector<DpBucket> PlanDpBuckets(const ParamStore& params, int first_layer, int last_layer,
+                                    bool first_chunk, bool last_chunk, size_t bucket_elements);
+
+// When to start the data-parallel reduction overlapped with the backward. A reduction running
+// beside the compute slows it for as long as it is under way, whatever its bytes (two H200s held
+// at their 700 W power cap: the SM clock drops by 2–6% while the transfers run), so it should
+// start as late as still lets it end with the backward. From a measured step: `left_ms[l]`, how
+// long the backward went on after it had finished chunk layer l (it runs from the top layer down,
+// so this grows with l), and `reduce_ms`, how long the layer buckets' reduction kept the
+// communication stream busy. Returns the lowest layer that leaves kDpReduceMargin times the
+// reduction (the buckets wait until the backward has finished it), or -1 when none does or
+// nothing was measured (every bucket starts as soon as it is ready).
+inline constexpr double kDpReduceMargin = 2.0;
+int DpReduceStartLayer(const std::vector<double>& left_ms, double reduce_ms);
+
+// Binds one decoder layer's tensors by their Megatron-Core names into `w`, which has the fields
+// ln1_w ln1_b qkv_w qkv_b proj_w proj_b ln2_w ln2_b fc1_w fc1_b fc2_w fc2_b and their d_ gradients:
+// `linear(name)` gives the linear layers' weights and biases, `norm(name)` the norms', `grad(name)`
+// every gradient (each may return null when this rank does not hold the tensor). Both models use
+// it, the bf16 one with its bf16 weight copy for the linears.
+template <typename W, typename Linear, typename Norm, typename Grad>
+void BindLayerTensors(W* w, int layer, Linear&& linear, Norm&& norm, Grad&& grad) {
+  const std::string pre = "decoder.layers." + std::to_string(layer) + ".";
+  const std::string ln1 = pre + "input_layernorm.", ln2 = pre + "pre_mlp_layernorm.";
+  const std::string qkv = pre + "self_attention.linear_qkv.";
+  const std::string proj = pre + "self_attention.linear_proj.";
+  const std::string fc1 = pre + "mlp.linear_fc1.", fc2 = pre + "mlp.linear_fc2.";
+  w->ln1_w = norm(ln1 + "weight");
+  w->ln1_b = norm(ln1 + "bias");
+  w->ln2_w = norm(ln2 + "weight");
+  w->ln2_b = norm(ln2 + "bias");
+  w->qkv_w = linear(qkv + "weight");
+  w->qkv_b = linear(qkv + "bias");
+  w->proj_w = linear(proj + "weight");
+  w->proj_b = linear(proj + "bias");
+  w->fc1_w = linear(fc1 + "weight");
+  w->fc1_b = linear(fc1 + "bias");
+  w->fc2_w = linear(fc2 + "weight");
+  w->fc2_b = linear(fc2 + "bias");
+  w->d_ln1_w = grad(ln1 + "weight");
+  w->d_ln1_b = grad(ln1 + "bias");
+  w->d_ln2_w = grad(ln2 + "weight");
+  w->d_ln2_b = grad(ln2 + "bias");
+  w->d_qkv_w = grad(qkv + "weight");
+  w->d_qkv_b = grad(qkv + "bias");
+  w->d_proj_w = grad(proj + "weight");
+  w->d_proj_b = grad(proj + "bias");
+  w->d_fc1_w = grad(fc1 + "weight");
+  w->d_fc1_b = grad(fc1 + "bias");
+  w->d_fc2_w = grad(fc2 + "weight");
+  w->d_fc2_b = grad(fc2 + "bias");
+}
+
+// The tensors of a pipeline stage outside its decoder layers, as both models hold them: the
+// embeddings (first stage), the final norm and the output layer (last stage) with their gradients.
+// `Out` is the output layer's weight type (the bf16 model computes with its bf16 copy).
+template <typename Out>
+struct StageTensors {
+  const float *word_emb = nullptr, *pos_emb = nullptr, *lnf_w = nullptr, *lnf_b = nullptr;
+  const Out* out_w = nullptr;
+  float *d_word_emb = nullptr, *d_pos_emb = nullptr, *d_lnf_w = nullptr, *d_lnf_b = nullptr,
+        *d_out_w = nullptr;
+};
+
+// Binds them by their Megatron-Core names: `output(name)` gives the output layer's weight,
+// `weight(name)` the others, `grad(name)` every gradient. With tied embeddings on one stage the
+// output layer is the word embedding itself (one gradient for both uses); on several stages the
+// last one holds its own copy (kept equal by the optimizer).
+template <typename Out, typename Output, typename Weight, typename Grad>
+StageTensors<Out> BindStageTensors(const ParamStore& params, bool first_stage, bool last_stage,
+                                   Output&& output, Weight&& weight, Grad&& grad) {
+  StageTensors<Out> t;
+  if (first_stage) {
+    t.word_emb = weight("embedding.word_embeddings.weight");
+    t.pos_emb = weight("embedding.position_embeddings.weight");
+    t.d_word_emb = grad("embedding.word_embeddings.weight");
+    t.d_pos_emb = grad("embedding.position_embeddings.weight");
+  }
+  if (last_stage) {
+    t.lnf_w = weight("decoder.final_layernorm.weight");
+    t.lnf_b = weight("decoder.final_layernorm.bias");
+    t.d_lnf_w = grad("decoder.final_layernorm.weight");
+    t.d_lnf_b = grad("decoder.final_layernorm.bias");
+    const char* out = params.Find("output_layer.weight") != nullptr
+                          ? "output_layer.weight"
+                          : "embedding.word_embeddings.weight";
+    t.out_w = output(out);
+    t.d_out_w = grad(out);
+  }
+  return t;
+}
+
+// Deterministic standard normals for a named tensor (counter-based, Box-Muller in float64).
+void FillNormal(uint64_t seed, const std::string& name, double std, std::vector<float>* out);
+
+}  // namespace leantron::trainer

@@ -1,0 +1,340 @@
+// Gloo communicators: one full-mesh TCP context per process group, all rendezvousing through one
+// file store (each group under its own key prefix).
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gloo/allgather.h"
+#include "gloo/allreduce.h"
+#include "gloo/barrier.h"
+#include "gloo/broadcast.h"
+#include "gloo/math.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/rendezvous/file_store.h"
+#include "gloo/rendezvous/prefix_store.h"
+#include "gloo/transport/tcp/device.h"
+#include "gloo/transport/unbound_buffer.h"
+#include "trainer/dist/comm.h"
+#include "trainer/dist/tcp_store.h"
+
+namespace leantron::trainer {
+namespace {
+
+constexpr uint32_t kP2pSlot = 0x7e000;
+
+class SelfCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void AllReduceSum(float*, size_t) override {}
+  void AllReduceMax(float*, size_t) override {}
+  void AllReduceSumDouble(double*, size_t) override {}
+  void AllGather(const float* in, float* out, size_t n) override {
+    if (in != out) std::memmove(out, in, n * sizeof(float));
+  }
+  void ReduceScatter(const float* in, float* out, size_t n) override {
+    if (in != out) std::memmove(out, in, n * sizeof(float));
+  }
+  void Broadcast(float*, size_t, int) override {}
+  // A group of one has no peer; a schedule never sends to itself.
+  void SendAsync(const float*, size_t, int, uint32_t) override { std::abort(); }
+  void Recv(float*, size_t, int, uint32_t) override { std::abort(); }
+  void WaitSends() override {}
+  void Barrier() override {}
+};
+
+class GlooCommunicator final : public Communicator {
+ public:
+  explicit GlooCommunicator(std::shared_ptr<gloo::Context> context)
+      : context_(std::move(context)) {}
+  int rank() const override { return context_->rank; }
+  int size() const override { return context_->size; }
+
+  void AllReduceSum(float* data, size_t n) override { AllReduce<float>(data, n, false); }
+  void AllReduceMax(float* data, size_t n) override { AllReduce<float>(data, n, true); }
+  void AllReduceSumDouble(double* data, size_t n) override { AllReduce<double>(data, n, false); }
+
+  void AllGather(const float* in, float* out, size_t n) override {
+    if (n == 0) return;
+    std::vector<float> input(in, in + n);  // `in` may alias `out`
+    gloo::AllgatherOptions opts(context_);
+    opts.setInput(input.data(), n);
+    opts.setOutput(out, n * size());
+    gloo::allgather(opts);
+  }
+
+  // Gloo has no new-style reduce-scatter; an all-reduce and a slice give the same sums (every
+  // rank reduces in the same ring order), at twice the traffic. The NCCL backend does it natively.
+  void ReduceScatter(const float* in, float* out, size_t n) override {
+    std::vector<float> all(in, in + n * size());
+    AllReduceSum(all.data(), all.size());
+    std::memcpy(out, all.data() + n * rank(), n * sizeof(float));
+  }
+
+  void Broadcast(float* data, size_t n, int root) override {
+    if (n == 0) return;
+    gloo::BroadcastOptions opts(context_);
+    opts.setOutput(data, n);
+    opts.setRoot(root);
+    gloo::broadcast(opts);
+  }
+
+  void SendAsync(const float* data, size_t n, int peer, uint32_t tag) override {
+    Pending& pending = pending_.emplace_back();
+    pending.data.assign(data, data + n);
+    pending.buffer = context_->createUnboundBuffer(pending.data.data(), n * sizeof(float));
+    pending.buffer->send(peer, kP2pSlot + tag);
+  }
+  void Recv(float* data, size_t n, int peer, uint32_t tag) override {
+    auto buf = context_->createUnboundBuffer(data, n * sizeof(float));
+    buf->recv(peer, kP2pSlot + tag);
+    buf->waitRecv();
+  }
+  void WaitSends() override {
+    for (Pending& p : pending_) p.buffer->waitSend();
+    pending_.clear();
+  }
+  void Barrier() override {
+    gloo::BarrierOptions opts(context_);
+    gloo::barrier(opts);
+  }
+
+ private:
+  template <typename T>
+  void AllReduce(T* data, size_t n, bool max) {
+    if (n == 0) return;
+    gloo::AllreduceOptions opts(context_);
+    opts.setOutput(data, n);
+    using Fn = void (*)(void*, const void*, const void*, size_t);
+    opts.setReduceFunction(max ? static_cast<Fn>(&gloo::max<T>) : static_cast<Fn>(&gloo::sum<T>));
+    gloo::allreduce(opts);
+  }
+  std::shared_ptr<gloo::Context> context_;
+  struct Pending {
+    std::vector<float> data;
+    std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
+  };
+  std::deque<Pending> pending_;  // a deque: elements stay put while their send is in flight
+};
+
+int EnvInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return (v != nullptr && *v != '\0') ? std::atoi(v) : fallback;
+}
+
+}  // namespace
+
+namespace {
+class TimedCommunicator final : public Communicator {
+ public:
+  TimedCommunicator(std::unique_ptr<Communicator> inner, double* seconds)
+      : inner_(std::move(inner)), seconds_(seconds) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  void AllReduceSum(float* d, size_t n) override {
+    Time([&] { inner_->AllReduceSum(d, n); });
+  }
+  void AllReduceMax(float* d, size_t n) override {
+    Time([&] { inner_->AllReduceMax(d, n); });
+  }
+  void AllReduceSumDouble(double* d, size_t n) override {
+    Time([&] { inner_->AllReduceSumDouble(d, n); });
+  }
+  void AllGather(const float* in, float* out, size_t n) override {
+    Time([&] { inner_->AllGather(in, out, n); });
+  }
+  void ReduceScatter(const float* in, float* out, size_t n) override {
+    Time([&] { inner_->ReduceScatter(in, out, n); });
+  }
+  void Broadcast(float* d, size_t n, int root) override {
+    Time([&] { inner_->Broadcast(d, n, root); });
+  }
+  void SendAsync(const float* d, size_t n, int peer, uint32_t tag) override {
+    Time([&] { inner_->SendAsync(d, n, peer, tag); });
+  }
+  void Recv(float* d, size_t n, int peer, uint32_t tag) override {
+    Time([&] { inner_->Recv(d, n, peer, tag); });
+  }
+  void WaitSends() override {
+    Time([&] { inner_->WaitSends(); });
+  }
+  void Barrier() override {
+    Time([&] { inner_->Barrier(); });
+  }
+
+ private:
+  template <typename F>
+  void Time(F&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    *seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  std::unique_ptr<Communicator> inner_;
+  double* seconds_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> MakeTimedCommunicator(std::unique_ptr<Communicator> inner,
+                                                    double* seconds) {
+  return std::make_unique<TimedCommunicator>(std::move(inner), seconds);
+}
+
+ProcessGroups SingleProcessGroups() {
+  ProcessGroups g;
+  g.world = MakeSelfCommunicator();
+  g.tp = MakeSelfCommunicator();
+  g.dp = MakeSelfCommunicator();
+  g.pp = MakeSelfCommunicator();
+  g.model = MakeSelfCommunicator();
+  return g;
+}
+
+std::unique_ptr<Communicator> MakeSelfCommunicator() {
+  return std::make_unique<SelfCommunicator>();
+}
+
+RankCoords CoordsOf(int world_rank, const ParallelSizes& s) {
+  RankCoords c;
+  c.tp = world_rank % s.tp;
+  c.dp = (world_rank / s.tp) % s.dp;
+  c.pp = world_rank / (s.tp * s.dp);
+  return c;
+}
+
+int WorldRankOf(const RankCoords& c, const ParallelSizes& s) {
+  return c.tp + s.tp * (c.dp + s.dp * c.pp);
+}
+
+GroupMembers MembersOf(const RankCoords& c, const ParallelSizes& s) {
+  GroupMembers m;
+  for (int r = 0; r < s.world(); ++r) m.world.push_back(r);
+  for (int t = 0; t < s.tp; ++t) m.tp.push_back(WorldRankOf({t, c.dp, c.pp}, s));
+  for (int d = 0; d < s.dp; ++d) m.dp.push_back(WorldRankOf({c.tp, d, c.pp}, s));
+  for (int p = 0; p < s.pp; ++p) m.pp.push_back(WorldRankOf({c.tp, c.dp, p}, s));
+  for (int p = 0; p < s.pp; ++p)
+    for (int t = 0; t < s.tp; ++t) m.model.push_back(WorldRankOf({t, c.dp, p}, s));
+  if (s.pp > 1)
+    m.embedding = {WorldRankOf({c.tp, c.dp, 0}, s), WorldRankOf({c.tp, c.dp, s.pp - 1}, s)};
+  return m;
+}
+
+LaunchInfo LaunchInfoFromEnvironment() {
+  LaunchInfo info;
+  if (std::getenv("RANK") != nullptr) {
+    info.rank = EnvInt("RANK", 0);
+    info.world_size = EnvInt("WORLD_SIZE", 1);
+    info.local_rank = EnvInt("LOCAL_RANK", info.rank);
+  } else if (std::getenv("SLURM_PROCID") != nullptr) {
+    info.rank = EnvInt("SLURM_PROCID", 0);
+    info.world_size = EnvInt("SLURM_NTASKS", 1);
+    info.local_rank = EnvInt("SLURM_LOCALID", 0);
+  } else if (std::getenv("OMPI_COMM_WORLD_RANK") != nullptr) {
+    info.rank = EnvInt("OMPI_COMM_WORLD_RANK", 0);
+    info.world_size = EnvInt("OMPI_COMM_WORLD_SIZE", 1);
+    info.local_rank = EnvInt("OMPI_COMM_WORLD_LOCAL_RANK", 0);
+  }
+  if (const char* a = std::getenv("MASTER_ADDR")) info.master_addr = a;
+  info.master_port = EnvInt("MASTER_PORT", 29500);
+  if (const char* d = std::getenv("LEANTRON_RENDEZVOUS_DIR")) info.rendezvous_dir = d;
+  return info;
+}
+
+absl::StatusOr<ProcessGroups> CreateProcessGroups(const LaunchInfo& launch,
+                                                  const ParallelSizes& sizes) {
+  ProcessGroups g;
+  g.sizes = sizes;
+  g.world_rank = launch.rank;
+  g.coords = CoordsOf(launch.rank, sizes);
+  if (launch.world_size != sizes.world()) {
+    return absl::InvalidArgumentError(absl::StrCat("world size ", launch.world_size, " is not TP ",
+                                                   sizes.tp, " x PP ", sizes.pp, " x DP ",
+                                                   sizes.dp));
+  }
+  if (sizes.world() == 1) return SingleProcessGroups();
+  try {
+    const auto timeout = std::chrono::seconds(EnvInt("LEANTRON_COMM_TIMEOUT_S", 600));
+    // Rendezvous: a directory every rank sees (train --nproc-per-node makes one), else a TCP
+    // store served by rank 0 on MASTER_ADDR:MASTER_PORT.
+    std::unique_ptr<gloo::rendezvous::Store> owned_store;
+    std::unique_ptr<TcpStoreServer> server;
+    if (!launch.rendezvous_dir.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(launch.rendezvous_dir, ec);
+      if (ec) {
+        return absl::UnavailableError(
+            absl::StrCat("cannot create rendezvous directory ", launch.rendezvous_dir));
+      }
+      owned_store = std::make_unique<gloo::rendezvous::FileStore>(launch.rendezvous_dir);
+    } else {
+      if (launch.rank == 0) {
+        absl::StatusOr<std::unique_ptr<TcpStoreServer>> s =
+            TcpStoreServer::Start(launch.master_port);
+        if (!s.ok()) return s.status();
+        server = std::move(*s);
+      }
+      absl::StatusOr<std::unique_ptr<TcpStore>> c =
+          TcpStore::Connect(launch.master_addr, launch.master_port, timeout, timeout);
+      if (!c.ok()) return c.status();
+      owned_store = std::move(*c);
+    }
+    gloo::rendezvous::Store& store = *owned_store;
+    gloo::transport::tcp::attr attr;
+    const char* host = std::getenv("LEANTRON_GLOO_HOSTNAME");
+    attr.hostname =
+        host ? host
+             : (launch.master_addr == "127.0.0.1" || launch.master_addr == "localhost" ? "127.0.0.1"
+                                                                                       : "");
+    if (attr.hostname.empty()) {
+      char name[256] = {0};
+      gethostname(name, sizeof(name) - 1);
+      attr.hostname = name;
+    }
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+
+    // Connects the group `members` (world ranks, in group-rank order) under `key` if this rank
+    // is a member.
+    auto connect = [&](const std::string& key,
+                       const std::vector<int>& members) -> std::unique_ptr<Communicator> {
+      int my = -1;
+      for (size_t i = 0; i < members.size(); ++i)
+        if (members[i] == launch.rank) my = static_cast<int>(i);
+      if (my < 0) return nullptr;
+      if (members.size() == 1) return MakeSelfCommunicator();
+      gloo::rendezvous::PrefixStore prefixed(key, store);
+      auto ctx = std::make_shared<gloo::rendezvous::Context>(my, static_cast<int>(members.size()));
+      ctx->setTimeout(timeout);
+      ctx->connectFullMesh(prefixed, device);
+      return std::make_unique<GlooCommunicator>(std::move(ctx));
+    };
+    const RankCoords c = g.coords;
+    const GroupMembers m = MembersOf(c, sizes);
+    g.world = connect("world/", m.world);
+    g.tp = connect(absl::StrCat("tp-", c.dp, "-", c.pp, "/"), m.tp);
+    g.dp = connect(absl::StrCat("dp-", c.tp, "-", c.pp, "/"), m.dp);
+    g.pp = connect(absl::StrCat("pp-", c.tp, "-", c.dp, "/"), m.pp);
+    g.model = connect(absl::StrCat("mp-", c.dp, "/"), m.model);
+    if (sizes.pp > 1)
+      g.embedding = connect(absl::StrCat("emb-", c.tp, "-", c.dp, "/"), m.embedding);
+    // Rank 0 serves the store until every rank is done with it.
+    store.set(absl::StrCat("done/", launch.rank), {'1'});
+    if (server) {
+      std::vector<std::string> done;
+      for (int r = 0; r < sizes.world(); ++r) done.push_back(absl::StrCat("done/", r));
+      store.wait(done);
+    }
+    return g;
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("gloo rendezvous failed: ", e.what()));
+  }
+}
+
+}  // namespace leantron::trainer
