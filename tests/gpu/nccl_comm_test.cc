@@ -32,11 +32,11 @@
 #include <vector>
 
 #include "libckpt/dtype.h"
-#include "trainer/dist/comm.h"
 #include "trainer/cuda/cuda_util.h"
-#include "trainer/cuda/parallel/grad_reduce.h"
 #include "trainer/cuda/kernels/kernels.h"
+#include "trainer/cuda/parallel/grad_reduce.h"
 #include "trainer/cuda/parallel/peer_exchange.h"
+#include "trainer/dist/comm_gloo.h"
 
 namespace leantron::trainer {
 namespace {
@@ -606,21 +606,26 @@ void CheckGradReducer(const std::string& name, Communicator* comm, Checker& c) {
 }
 
 struct Expected {
-  std::vector<int> world, tp, dp, pp, model, embedding;
+  std::vector<int> world, tp, cp, dp, pp, model, embedding;
 };
 
+// Megatron-Core's order tp-cp-ep-dp-pp written out: rank = t + TP·(c + CP·(e + EP·(d + DP·p))).
 Expected ExpectedGroups(int rank, const ParallelSizes& s) {
-  const RankCoords c = CoordsOf(rank, s);
+  const int t0 = rank % s.tp, c0 = rank / s.tp % s.cp, e0 = rank / (s.tp * s.cp) % s.ep,
+            d0 = rank / (s.tp * s.cp * s.ep) % s.dp, p0 = rank / (s.tp * s.cp * s.ep * s.dp);
+  auto at = [&](int t, int c, int d, int p) {
+    return t + s.tp * (c + s.cp * (e0 + s.ep * (d + s.dp * p)));
+  };
   Expected e;
   for (int r = 0; r < s.world(); ++r) e.world.push_back(r);
-  for (int t = 0; t < s.tp; ++t) e.tp.push_back(WorldRankOf({t, c.dp, c.pp}, s));
-  for (int d = 0; d < s.dp; ++d) e.dp.push_back(WorldRankOf({c.tp, d, c.pp}, s));
-  for (int p = 0; p < s.pp; ++p) e.pp.push_back(WorldRankOf({c.tp, c.dp, p}, s));
+  for (int t = 0; t < s.tp; ++t) e.tp.push_back(at(t, c0, d0, p0));
+  for (int c = 0; c < s.cp; ++c) e.cp.push_back(at(t0, c, d0, p0));
+  for (int d = 0; d < s.dp; ++d) e.dp.push_back(at(t0, c0, d, p0));
+  for (int p = 0; p < s.pp; ++p) e.pp.push_back(at(t0, c0, d0, p));
   for (int p = 0; p < s.pp; ++p)
-    for (int t = 0; t < s.tp; ++t) e.model.push_back(WorldRankOf({t, c.dp, p}, s));
-  if (s.pp > 1 && (c.pp == 0 || c.pp == s.pp - 1)) {
-    e.embedding = {WorldRankOf({c.tp, c.dp, 0}, s), WorldRankOf({c.tp, c.dp, s.pp - 1}, s)};
-  }
+    for (int t = 0; t < s.tp; ++t) e.model.push_back(at(t, c0, d0, p));
+  if (s.pp > 1 && (p0 == 0 || p0 == s.pp - 1))
+    e.embedding = {at(t0, c0, d0, 0), at(t0, c0, d0, s.pp - 1)};
   return e;
 }
 
@@ -642,6 +647,7 @@ int RunChecks(int rank, const ParallelSizes& sizes) {
     LT_CUDA_CHECK(cudaStreamCreateWithFlags(&user, cudaStreamNonBlocking));
     CheckCollectives("world", g.world.get(), e.world, rank, user, c);
     CheckCollectives("tp", g.tp.get(), e.tp, rank, user, c);
+    CheckCollectives("cp", g.cp.get(), e.cp, rank, user, c);
     CheckCollectives("dp", g.dp.get(), e.dp, rank, user, c);
     CheckCollectives("pp", g.pp.get(), e.pp, rank, user, c);
     CheckCollectives("model", g.model.get(), e.model, rank, user, c);
@@ -675,7 +681,7 @@ TEST(NcclComm, CollectivesAndPointToPoint) {
   std::vector<ParallelSizes> configs;
   for (int tp : {2, 1}) {
     for (int pp = 1; pp <= n; ++pp) {
-      if (n % (tp * pp) == 0) configs.push_back({tp, pp, n / (tp * pp)});
+      if (n % (tp * pp) == 0) configs.push_back({.tp = tp, .dp = n / (tp * pp), .pp = pp});
     }
   }
   for (const ParallelSizes& sizes : configs) {
@@ -702,7 +708,7 @@ void DeadRank(int victim) {
   const int gpus = DeviceCount();
   if (gpus < 2) GTEST_SKIP() << "needs 2 GPUs, found " << gpus;
   const int n = std::min(gpus, 4);
-  const ParallelSizes sizes{1, 1, n};
+  const ParallelSizes sizes{.dp = n};
   const std::string dir = TempDir();
   std::vector<Child> children = LaunchRanks(n, FreePort(), dir, [&](int rank) {
     absl::StatusOr<ProcessGroups> groups =

@@ -12,7 +12,7 @@
 #include "gtest/gtest.h"
 #include "libckpt/layout.h"
 #include "trainer/core/args.h"
-#include "trainer/dist/comm.h"
+#include "trainer/dist/comm_gloo.h"
 #include "trainer/core/optimizer.h"
 #include "trainer/core/params.h"
 #include "trainer/core/scheduler.h"
@@ -335,7 +335,7 @@ TEST(OptimizerTest, DistributedPartsMatchOneOptimizer) {
     launch.rank = rank;
     launch.world_size = 2;
     launch.rendezvous_dir = dir;
-    absl::StatusOr<ProcessGroups> groups = CreateProcessGroups(launch, {1, 1, 2});
+    absl::StatusOr<ProcessGroups> groups = CreateProcessGroups(launch, {.dp = 2});
     ASSERT_TRUE(groups.ok()) << groups.status();
     ParamStore params(ops.get(), *layout, 0, 0, false);
     params.Initialize(5, 0.02);

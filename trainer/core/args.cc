@@ -130,14 +130,14 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
   // Known, not implemented.
   TrainArgs::Unsupported& u = a->unsupported;
   app.add_flag("--fp16", u.fp16, "(not implemented: use --bf16)");
-  app.add_option("--context-parallel-size", u.context_parallel_size, "1 (CP not implemented)");
+  app.add_option("--context-parallel-size", a->context_parallel_size, "1 (CP not implemented yet)");
 }
 
 absl::Status ValidateTrainArgs(TrainArgs* a) {
   auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
   const TrainArgs::Unsupported& u = a->unsupported;
   if (u.fp16) return bad("--fp16 is not implemented (loss scaling); use --bf16");
-  if (u.context_parallel_size != 1) return bad("context parallelism is not implemented yet");
+  if (a->context_parallel_size != 1) return bad("context parallelism is not implemented yet");
   if (a->normalization != "LayerNorm" && a->normalization != "RMSNorm")
     return bad("--normalization must be LayerNorm or RMSNorm, not ", a->normalization);
   if (a->position_embedding_type != "learned_absolute" && a->position_embedding_type != "rope")

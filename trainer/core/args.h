@@ -37,6 +37,7 @@ struct TrainArgs {
   std::string vocab_file, merge_file;
   // Parallelism.
   int tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1;
+  int context_parallel_size = 1;  // a dimension of the process grid; 1 until CP is built
   int64_t num_layers_per_virtual_pipeline_stage = 0;  // 0: no interleaving
   // Megatron-Core's uneven split: layers of the first / last pipeline stage (unset: even split).
   std::optional<int64_t> decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers;
@@ -76,12 +77,12 @@ struct TrainArgs {
   // sentence saying so instead of "unknown option".
   struct Unsupported {
     bool fp16 = false;
-    int context_parallel_size = 1;
   } unsupported;
 
-  int world_size = 1;  // from the launcher; DP = world / (TP·PP)
+  int world_size = 1;  // from the launcher; DP = world / (TP·CP·PP)
   int data_parallel_size() const {
-    return world_size / (tensor_model_parallel_size * pipeline_model_parallel_size);
+    return world_size /
+           (tensor_model_parallel_size * context_parallel_size * pipeline_model_parallel_size);
   }
   int virtual_pipeline_size() const {
     return num_layers_per_virtual_pipeline_stage == 0

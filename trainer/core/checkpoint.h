@@ -11,7 +11,7 @@
 #include "absl/status/status.h"
 #include "libckpt/layout.h"
 #include "trainer/core/args.h"
-#include "trainer/dist/comm.h"
+#include "trainer/dist/process_groups.h"
 #include "trainer/core/optimizer.h"
 #include "trainer/core/params.h"
 

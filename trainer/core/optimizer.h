@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "trainer/dist/comm.h"
+#include "trainer/dist/process_groups.h"
 #include "trainer/reference/ops.h"
 #include "trainer/core/params.h"
 

@@ -19,6 +19,7 @@
 #include "trainer/core/pipeline.h"
 #include "trainer/core/scheduler.h"
 #include "trainer/core/tensorboard.h"
+#include "trainer/dist/comm_gloo.h"
 #ifdef LEANTRON_HAVE_CUDA
 #include "trainer/cuda/nn/gpt_cuda.h"
 #include "trainer/dist/nccl_comm.h"
@@ -516,6 +517,7 @@ double FlopsPerIteration(const TrainArgs& a, int64_t padded_vocab) {
 absl::Status RunTraining(const TrainArgs& args, const LaunchInfo& launch) {
   ParallelSizes sizes;
   sizes.tp = args.tensor_model_parallel_size;
+  sizes.cp = args.context_parallel_size;
   sizes.pp = args.pipeline_model_parallel_size;
   sizes.dp = args.data_parallel_size();
 #ifdef LEANTRON_HAVE_CUDA

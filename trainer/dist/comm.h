@@ -1,6 +1,7 @@
-// Communicators per process group and Megatron's rank order. Parallel code talks only to
-// `Communicator`; `gloo` (TCP, one process per rank) is the CPU backend, NCCL will be another.
-// Pointers are backend memory (host for gloo).
+// What parallel code talks to: a communicator per process group (trainer/dist/process_groups.h
+// says which). Two backends: Gloo (comm_gloo.h: TCP, host memory, the CPU reference) and NCCL
+// (nccl_comm.h: device memory, GPUs). Pointers are backend memory. Also how a process learns
+// where it sits from its launcher.
 #pragma once
 
 #include <cstddef>
@@ -49,43 +50,6 @@ std::unique_ptr<Communicator> MakeSelfCommunicator();
 std::unique_ptr<Communicator> MakeTimedCommunicator(std::unique_ptr<Communicator> inner,
                                                     double* seconds);
 
-// Where this process sits: world rank = tp + TP·(cp + CP·(dp + DP·pp)) (CP = 1 here).
-struct RankCoords {
-  int tp = 0, dp = 0, pp = 0;
-};
-struct ParallelSizes {
-  int tp = 1, pp = 1, dp = 1;
-  int world() const { return tp * pp * dp; }
-};
-RankCoords CoordsOf(int world_rank, const ParallelSizes& sizes);
-int WorldRankOf(const RankCoords& c, const ParallelSizes& sizes);
-
-// The world ranks of the groups a rank at `c` belongs to, in group-rank order: everyone; its
-// tensor-, data- and pipeline-parallel groups; its model (TP x PP) group; and with PP > 1 the
-// first and last stage of its pipeline (the tied embedding's group; the rank may not be in it).
-struct GroupMembers {
-  std::vector<int> world, tp, dp, pp, model, embedding;
-};
-GroupMembers MembersOf(const RankCoords& c, const ParallelSizes& sizes);
-
-struct ProcessGroups {
-  ParallelSizes sizes;
-  RankCoords coords;
-  int world_rank = 0;
-  std::unique_ptr<Communicator> world;
-  std::unique_ptr<Communicator> tp;  // same dp, pp
-  std::unique_ptr<Communicator> dp;  // same tp, pp
-  std::unique_ptr<Communicator> pp;  // same tp, dp
-  // Tensor × pipeline ranks of one model replica: the gradient norm is summed over it.
-  std::unique_ptr<Communicator> model;
-  // First and last pipeline stage of one (tp, dp): keeps the tied embedding copies equal. Null when
-  // PP = 1 or this rank is on neither stage.
-  std::unique_ptr<Communicator> embedding;
-};
-
-// Groups of a one-process run: every communicator is the process itself.
-ProcessGroups SingleProcessGroups();
-
 // How this process finds the others: read from the launcher's environment.
 struct LaunchInfo {
   int rank = 0;
@@ -98,10 +62,5 @@ struct LaunchInfo {
 // RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT, else SLURM_PROCID/SLURM_NTASKS/
 // SLURM_LOCALID, else OMPI_COMM_WORLD_RANK/_SIZE/_LOCAL_RANK; a single process otherwise.
 LaunchInfo LaunchInfoFromEnvironment();
-
-// Connects the world and every group this rank belongs to (Gloo over TCP, rendezvous through a
-// file store in `launch.rendezvous_dir`). World size 1 needs no rendezvous.
-absl::StatusOr<ProcessGroups> CreateProcessGroups(const LaunchInfo& launch,
-                                                  const ParallelSizes& sizes);
 
 }  // namespace leantron::trainer

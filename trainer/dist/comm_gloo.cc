@@ -1,5 +1,7 @@
 // Gloo communicators: one full-mesh TCP context per process group, all rendezvousing through one
 // file store (each group under its own key prefix).
+#include "trainer/dist/comm_gloo.h"
+
 #include <unistd.h>
 
 #include <chrono>
@@ -22,7 +24,6 @@
 #include "gloo/rendezvous/prefix_store.h"
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
-#include "trainer/dist/comm.h"
 #include "trainer/dist/tcp_store.h"
 
 namespace leantron::trainer {
@@ -188,43 +189,8 @@ std::unique_ptr<Communicator> MakeTimedCommunicator(std::unique_ptr<Communicator
   return std::make_unique<TimedCommunicator>(std::move(inner), seconds);
 }
 
-ProcessGroups SingleProcessGroups() {
-  ProcessGroups g;
-  g.world = MakeSelfCommunicator();
-  g.tp = MakeSelfCommunicator();
-  g.dp = MakeSelfCommunicator();
-  g.pp = MakeSelfCommunicator();
-  g.model = MakeSelfCommunicator();
-  return g;
-}
-
 std::unique_ptr<Communicator> MakeSelfCommunicator() {
   return std::make_unique<SelfCommunicator>();
-}
-
-RankCoords CoordsOf(int world_rank, const ParallelSizes& s) {
-  RankCoords c;
-  c.tp = world_rank % s.tp;
-  c.dp = (world_rank / s.tp) % s.dp;
-  c.pp = world_rank / (s.tp * s.dp);
-  return c;
-}
-
-int WorldRankOf(const RankCoords& c, const ParallelSizes& s) {
-  return c.tp + s.tp * (c.dp + s.dp * c.pp);
-}
-
-GroupMembers MembersOf(const RankCoords& c, const ParallelSizes& s) {
-  GroupMembers m;
-  for (int r = 0; r < s.world(); ++r) m.world.push_back(r);
-  for (int t = 0; t < s.tp; ++t) m.tp.push_back(WorldRankOf({t, c.dp, c.pp}, s));
-  for (int d = 0; d < s.dp; ++d) m.dp.push_back(WorldRankOf({c.tp, d, c.pp}, s));
-  for (int p = 0; p < s.pp; ++p) m.pp.push_back(WorldRankOf({c.tp, c.dp, p}, s));
-  for (int p = 0; p < s.pp; ++p)
-    for (int t = 0; t < s.tp; ++t) m.model.push_back(WorldRankOf({t, c.dp, p}, s));
-  if (s.pp > 1)
-    m.embedding = {WorldRankOf({c.tp, c.dp, 0}, s), WorldRankOf({c.tp, c.dp, s.pp - 1}, s)};
-  return m;
 }
 
 LaunchInfo LaunchInfoFromEnvironment() {
@@ -256,8 +222,8 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(const LaunchInfo& launch,
   g.coords = CoordsOf(launch.rank, sizes);
   if (launch.world_size != sizes.world()) {
     return absl::InvalidArgumentError(absl::StrCat("world size ", launch.world_size, " is not TP ",
-                                                   sizes.tp, " x PP ", sizes.pp, " x DP ",
-                                                   sizes.dp));
+                                                   sizes.tp, " x CP ", sizes.cp, " x PP ", sizes.pp,
+                                                   " x DP ", sizes.dp));
   }
   if (sizes.world() == 1) return SingleProcessGroups();
   try {
@@ -315,15 +281,9 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(const LaunchInfo& launch,
       ctx->connectFullMesh(prefixed, device);
       return std::make_unique<GlooCommunicator>(std::move(ctx));
     };
-    const RankCoords c = g.coords;
-    const GroupMembers m = MembersOf(c, sizes);
-    g.world = connect("world/", m.world);
-    g.tp = connect(absl::StrCat("tp-", c.dp, "-", c.pp, "/"), m.tp);
-    g.dp = connect(absl::StrCat("dp-", c.tp, "-", c.pp, "/"), m.dp);
-    g.pp = connect(absl::StrCat("pp-", c.tp, "-", c.dp, "/"), m.pp);
-    g.model = connect(absl::StrCat("mp-", c.dp, "/"), m.model);
-    if (sizes.pp > 1)
-      g.embedding = connect(absl::StrCat("emb-", c.tp, "-", c.dp, "/"), m.embedding);
+    for (const GroupSpec& spec : GroupsOf(g.coords, sizes)) {
+      g.*spec.slot = connect(spec.key + "/", spec.members);
+    }
     // Rank 0 serves the store until every rank is done with it.
     store.set(absl::StrCat("done/", launch.rank), {'1'});
     if (server) {

@@ -1014,8 +1014,8 @@ absl::StatusOr<ProcessGroups> CreateNcclProcessGroups(const LaunchInfo& launch,
                                                       const ParallelSizes& sizes) {
   if (launch.world_size != sizes.world()) {
     return absl::InvalidArgumentError(absl::StrCat("world size ", launch.world_size, " is not TP ",
-                                                   sizes.tp, " x PP ", sizes.pp, " x DP ",
-                                                   sizes.dp));
+                                                   sizes.tp, " x CP ", sizes.cp, " x PP ", sizes.pp,
+                                                   " x DP ", sizes.dp));
   }
   if (launch.rank < 0 || launch.rank >= launch.world_size) {
     return absl::InvalidArgumentError(
@@ -1046,34 +1046,23 @@ absl::StatusOr<ProcessGroups> CreateNcclProcessGroups(const LaunchInfo& launch,
   g.sizes = sizes;
   g.world_rank = launch.rank;
   g.coords = CoordsOf(launch.rank, sizes);
-  const RankCoords c = g.coords;
-  // comm_gloo's groups: members in group-rank order, keyed by what they share.
+  // The same groups, in the same order, as the Gloo backend.
   struct Group {
-    std::string key;
-    std::vector<int> members;
-    std::unique_ptr<Communicator>* slot;
+    GroupSpec spec;
     int rank = -1;
     ncclComm_t comm = nullptr;
   };
   std::vector<Group> groups;
-  {
-    const GroupMembers m = MembersOf(c, sizes);
-    groups.push_back({"world", m.world, &g.world});
-    groups.push_back({absl::StrCat("tp-", c.dp, "-", c.pp), m.tp, &g.tp});
-    groups.push_back({absl::StrCat("dp-", c.tp, "-", c.pp), m.dp, &g.dp});
-    groups.push_back({absl::StrCat("pp-", c.tp, "-", c.dp), m.pp, &g.pp});
-    groups.push_back({absl::StrCat("mp-", c.dp), m.model, &g.model});
-    if (sizes.pp > 1 && (c.pp == 0 || c.pp == sizes.pp - 1)) {
-      groups.push_back({absl::StrCat("emb-", c.tp, "-", c.dp), m.embedding, &g.embedding});
-    }
-  }
+  for (GroupSpec& spec : GroupsOf(g.coords, sizes)) groups.push_back({std::move(spec)});
   for (Group& grp : groups) {
-    grp.rank = static_cast<int>(std::find(grp.members.begin(), grp.members.end(), launch.rank) -
-                                grp.members.begin());
+    const std::vector<int>& m = grp.spec.members;
+    grp.rank = static_cast<int>(std::find(m.begin(), m.end(), launch.rank) - m.begin());
   }
   // Point-to-point channels made now: both directions between ring neighbours of the pipeline
   // group, edge by edge in group order (the same order on every rank of the group).
-  const Group& pp = groups[3];
+  const GroupSpec& pp = std::find_if(groups.begin(), groups.end(), [](const Group& grp) {
+                          return grp.spec.slot == &ProcessGroups::pp;
+                        })->spec;
   std::vector<std::pair<int, int>> channel_pairs;  // (from, to) world ranks
   {
     const int stages = static_cast<int>(pp.members.size());
@@ -1092,9 +1081,9 @@ absl::StatusOr<ProcessGroups> CreateNcclProcessGroups(const LaunchInfo& launch,
     // Ids first (this rank creates those of the groups it is the lowest rank of, and of its
     // outgoing channels), so no rank waits for an id while holding one back.
     for (const Group& grp : groups) {
-      if (grp.members.size() > 1 &&
-          *std::min_element(grp.members.begin(), grp.members.end()) == launch.rank) {
-        if (absl::Status s = runtime->PublishId(grp.key); !s.ok()) return s;
+      const std::vector<int>& m = grp.spec.members;
+      if (m.size() > 1 && *std::min_element(m.begin(), m.end()) == launch.rank) {
+        if (absl::Status s = runtime->PublishId(grp.spec.key); !s.ok()) return s;
       }
     }
     for (const auto& [from, to] : channel_pairs) {
@@ -1103,12 +1092,12 @@ absl::StatusOr<ProcessGroups> CreateNcclProcessGroups(const LaunchInfo& launch,
     }
     std::vector<std::pair<ncclComm_t, std::string>> comms;
     for (Group& grp : groups) {
-      if (grp.members.size() == 1) continue;
+      if (grp.spec.members.size() == 1) continue;
       absl::StatusOr<ncclComm_t> comm =
-          runtime->CreateComm(grp.key, static_cast<int>(grp.members.size()), grp.rank);
+          runtime->CreateComm(grp.spec.key, static_cast<int>(grp.spec.members.size()), grp.rank);
       if (!comm.ok()) return comm.status();
       grp.comm = *comm;
-      comms.push_back({grp.comm, grp.key});
+      comms.push_back({grp.comm, grp.spec.key});
     }
     std::vector<NcclChannel*> channels;
     for (const auto& [from, to] : channel_pairs) {
@@ -1119,8 +1108,8 @@ absl::StatusOr<ProcessGroups> CreateNcclProcessGroups(const LaunchInfo& launch,
     runtime->WarmUp(comms, channels);
   }
   for (Group& grp : groups) {
-    *grp.slot =
-        std::make_unique<NcclCommunicator>(runtime, grp.key, grp.members, grp.rank, grp.comm);
+    g.*grp.spec.slot = std::make_unique<NcclCommunicator>(runtime, grp.spec.key, grp.spec.members,
+                                                          grp.rank, grp.comm);
   }
   runtime->SetInitialized();
   return g;

@@ -48,6 +48,7 @@
 
 #include "absl/status/statusor.h"
 #include "trainer/dist/comm.h"
+#include "trainer/dist/process_groups.h"
 
 namespace leantron::trainer {
 
