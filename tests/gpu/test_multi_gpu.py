@@ -134,9 +134,9 @@ def test_checkpoint_resumes_under_another_layout(dataset, tmp_path):
 
 
 def test_a_killed_rank_stops_the_other(dataset, tmp_path):
-    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29617",
-               LEANTRON_HEARTBEAT_TIMEOUT="10")
-    args = [str(TRAIN), *map(str, common(dataset, 100000) + ["--bf16"])]
+    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29617")
+    args = [str(TRAIN), *map(str, common(dataset, 100000) +
+                             ["--bf16", "--heartbeat-timeout-seconds", "10"])]
     procs = [subprocess.Popen(args, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in range(2)]

@@ -50,13 +50,23 @@ TEST(ProcessGroupsTest, GroupsSpanTheirDimensionsAndPartitionTheWorld) {
       for (int m : g.members) {
         const RankCoords o = CoordsOf(m, s);
         const std::set<std::string>& v = spans.at(kind);
-        if (!v.count("tp")) EXPECT_EQ(o.tp, me.tp) << g.key;
-        if (!v.count("cp")) EXPECT_EQ(o.cp, me.cp) << g.key;
-        if (!v.count("dp")) EXPECT_EQ(o.dp, me.dp) << g.key;
-        if (!v.count("pp")) EXPECT_EQ(o.pp, me.pp) << g.key;
+        if (!v.count("tp")) {
+          EXPECT_EQ(o.tp, me.tp) << g.key;
+        }
+        if (!v.count("cp")) {
+          EXPECT_EQ(o.cp, me.cp) << g.key;
+        }
+        if (!v.count("dp")) {
+          EXPECT_EQ(o.dp, me.dp) << g.key;
+        }
+        if (!v.count("pp")) {
+          EXPECT_EQ(o.pp, me.pp) << g.key;
+        }
       }
       auto [it, fresh] = by_kind[kind].emplace(g.key, g.members);
-      if (!fresh) EXPECT_EQ(it->second, g.members) << "members of " << g.key << " differ by rank";
+      if (!fresh) {
+        EXPECT_EQ(it->second, g.members) << "members of " << g.key << " differ by rank";
+      }
     }
     // Every group but the tied embedding's, which only the first and last stage join.
     EXPECT_EQ(GroupsOf(me, s).size(), me.pp == 0 || me.pp == s.pp - 1 ? 7u : 6u);

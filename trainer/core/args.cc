@@ -52,6 +52,15 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
                "Shard optimizer state over data-parallel ranks (ZeRO-1)");
   app.add_option("--nproc-per-node", a->nproc_per_node,
                  "Start this many local ranks (one process each) and wait for them");
+  app.add_option("--distributed-timeout-minutes", a->distributed_timeout_minutes,
+                 "A communication that makes no progress for this long stops the run with one line "
+                 "naming it (default 10)");
+  app.add_option(
+      "--rendezvous-timeout-seconds", a->rendezvous_timeout_seconds,
+      "How long the ranks may take to meet and create their communicators (default 300)");
+  app.add_option(
+      "--heartbeat-timeout-seconds", a->heartbeat_timeout_seconds,
+      "GPU runs: a rank silent this long counts as dead and stops the others (default 20)");
   app.add_option("--recompute-granularity", a->recompute_granularity,
                  "full (whole layers) or selective (the attention softmax)");
   app.add_option("--recompute-method", a->recompute_method,
@@ -179,6 +188,11 @@ absl::Status ValidateTrainArgs(TrainArgs* a) {
     return bad("--tokenizer-type must be GPT2BPETokenizer or NullTokenizer, not ",
                a->tokenizer_type);
   }
+  if (!(a->distributed_timeout_minutes > 0) || a->rendezvous_timeout_seconds <= 0 ||
+      a->heartbeat_timeout_seconds <= 0)
+    return bad(
+        "--distributed-timeout-minutes, --rendezvous-timeout-seconds and "
+        "--heartbeat-timeout-seconds must be positive");
   const int tp = a->tensor_model_parallel_size, pp = a->pipeline_model_parallel_size;
   if (tp <= 0 || pp <= 0) return bad("parallel sizes must be positive");
   if (a->world_size % (tp * pp) != 0)

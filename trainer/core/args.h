@@ -43,6 +43,9 @@ struct TrainArgs {
   std::optional<int64_t> decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers;
   bool sequence_parallel = false, use_distributed_optimizer = false;
   int nproc_per_node = 0;
+  // Communication timeouts: an operation making no progress, the rendezvous, a silent peer.
+  double distributed_timeout_minutes = 10.0;
+  int rendezvous_timeout_seconds = 300, heartbeat_timeout_seconds = 20;
   std::string recompute_granularity, recompute_method;  // empty: none
   int64_t recompute_num_layers = 0;
   bool overlap_grad_reduce = false, overlap_param_gather = false, grad_reduce_in_bf16 = false;

@@ -13,13 +13,13 @@
 #include "libckpt/layout.h"
 #include "trainer/core/checkpoint.h"
 #include "trainer/core/data.h"
-#include "trainer/reference/model.h"
 #include "trainer/core/optimizer.h"
 #include "trainer/core/params.h"
 #include "trainer/core/pipeline.h"
 #include "trainer/core/scheduler.h"
 #include "trainer/core/tensorboard.h"
 #include "trainer/dist/comm_gloo.h"
+#include "trainer/reference/model.h"
 #ifdef LEANTRON_HAVE_CUDA
 #include "trainer/cuda/nn/gpt_cuda.h"
 #include "trainer/dist/nccl_comm.h"
@@ -520,13 +520,17 @@ absl::Status RunTraining(const TrainArgs& args, const LaunchInfo& launch) {
   sizes.cp = args.context_parallel_size;
   sizes.pp = args.pipeline_model_parallel_size;
   sizes.dp = args.data_parallel_size();
+  DistOptions dist;
+  dist.timeout_s = static_cast<int>(std::ceil(args.distributed_timeout_minutes * 60));
+  dist.rendezvous_timeout_s = args.rendezvous_timeout_seconds;
+  dist.heartbeat_timeout_s = args.heartbeat_timeout_seconds;
 #ifdef LEANTRON_HAVE_CUDA
   // GPUs talk through NCCL (device memory, ordered on the compute stream), CPUs through Gloo.
   absl::StatusOr<ProcessGroups> groups = args.backend == "cuda"
-                                             ? CreateNcclProcessGroups(launch, sizes)
-                                             : CreateProcessGroups(launch, sizes);
+                                             ? CreateNcclProcessGroups(launch, sizes, dist)
+                                             : CreateProcessGroups(launch, sizes, dist);
 #else
-  absl::StatusOr<ProcessGroups> groups = CreateProcessGroups(launch, sizes);
+  absl::StatusOr<ProcessGroups> groups = CreateProcessGroups(launch, sizes, dist);
 #endif
   if (!groups.ok()) return groups.status();
   Trainer trainer(args, *groups);

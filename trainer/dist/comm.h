@@ -50,6 +50,14 @@ std::unique_ptr<Communicator> MakeSelfCommunicator();
 std::unique_ptr<Communicator> MakeTimedCommunicator(std::unique_ptr<Communicator> inner,
                                                     double* seconds);
 
+// How long the communication layer waits before it gives up with one clear line instead of
+// hanging (the trainer's flags set them).
+struct DistOptions {
+  int timeout_s = 600;             // an operation that makes no progress (Megatron: 10 minutes)
+  int rendezvous_timeout_s = 300;  // reaching the store, seeing every rank, creating communicators
+  int heartbeat_timeout_s = 20;    // silence after which a peer counts as dead (NCCL backend)
+};
+
 // How this process finds the others: read from the launcher's environment.
 struct LaunchInfo {
   int rank = 0;

@@ -215,7 +215,8 @@ LaunchInfo LaunchInfoFromEnvironment() {
 }
 
 absl::StatusOr<ProcessGroups> CreateProcessGroups(const LaunchInfo& launch,
-                                                  const ParallelSizes& sizes) {
+                                                  const ParallelSizes& sizes,
+                                                  const DistOptions& options) {
   ProcessGroups g;
   g.sizes = sizes;
   g.world_rank = launch.rank;
@@ -227,7 +228,7 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(const LaunchInfo& launch,
   }
   if (sizes.world() == 1) return SingleProcessGroups();
   try {
-    const auto timeout = std::chrono::seconds(EnvInt("LEANTRON_COMM_TIMEOUT_S", 600));
+    const auto timeout = std::chrono::seconds(options.timeout_s);
     // Rendezvous: a directory every rank sees (train --nproc-per-node makes one), else a TCP
     // store served by rank 0 on MASTER_ADDR:MASTER_PORT.
     std::unique_ptr<gloo::rendezvous::Store> owned_store;

@@ -9,8 +9,10 @@
 namespace leantron::trainer {
 
 // Connects the world and every group this rank belongs to (Gloo over TCP, rendezvous through a
-// file store in `launch.rendezvous_dir`). World size 1 needs no rendezvous.
+// file store in `launch.rendezvous_dir`, or rank 0's TCP store). World size 1 needs no rendezvous.
+// An operation waits at most options.timeout_s.
 absl::StatusOr<ProcessGroups> CreateProcessGroups(const LaunchInfo& launch,
-                                                  const ParallelSizes& sizes);
+                                                  const ParallelSizes& sizes,
+                                                  const DistOptions& options = {});
 
 }  // namespace leantron::trainer

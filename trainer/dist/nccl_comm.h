@@ -24,14 +24,12 @@
 // until the peer makes its first call to this rank too. A device-wide wait (cudaDeviceSynchronize,
 // cudaFree) also waits for sends nobody has received yet: keep them out of the schedules.
 //
-// Environment:
-//   LEANTRON_RENDEZVOUS_TIMEOUT  seconds to reach the store, see every rank and create the NCCL
-//                                communicators (default 300)
-//   LEANTRON_NCCL_TIMEOUT        seconds an NCCL operation may make no progress (default 600)
-//   LEANTRON_HEARTBEAT_TIMEOUT   seconds without a heartbeat before a peer counts as dead (20)
-//   LEANTRON_NCCL_BLOCKING       1: blocking NCCL communicators (cheaper launches: a non-blocking
-//                                communicator runs each launch on a helper thread), default 0
-//   NCCL_* (NCCL_NVLS_ENABLE, NCCL_SOCKET_IFNAME, ...) are left as the environment sets them.
+// Timeouts come from DistOptions (the trainer's --distributed-timeout-minutes,
+// --rendezvous-timeout-seconds, --heartbeat-timeout-seconds). NCCL_* variables (NCCL_NVLS_ENABLE,
+// NCCL_SOCKET_IFNAME, ...) are NCCL's own and left as the environment sets them.
+//
+// The implementation: nccl_runtime.h (internal), nccl_rendezvous.cc, nccl_watchdog.cc,
+// nccl_comm.cc, nccl_groups.cc.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -147,6 +145,7 @@ NcclCommunicator* AsNccl(Communicator* c);
 // lives; destroy the groups before the process exits (rank 0 then waits until every rank is done
 // with the store): a rank that exits without destroying them looks dead to the others.
 absl::StatusOr<ProcessGroups> CreateNcclProcessGroups(const LaunchInfo& launch,
-                                                      const ParallelSizes& sizes);
+                                                      const ParallelSizes& sizes,
+                                                      const DistOptions& options = {});
 
 }  // namespace leantron::trainer
