@@ -11,9 +11,9 @@
 #include "absl/status/status.h"
 #include "libckpt/layout.h"
 #include "trainer/core/args.h"
-#include "trainer/dist/process_groups.h"
 #include "trainer/core/optimizer.h"
 #include "trainer/core/params.h"
+#include "trainer/dist/process_groups.h"
 
 namespace leantron::trainer {
 

@@ -14,9 +14,9 @@
 #include <utility>
 #include <vector>
 
+#include "trainer/core/params.h"
 #include "trainer/dist/process_groups.h"
 #include "trainer/reference/ops.h"
-#include "trainer/core/params.h"
 
 namespace leantron::trainer {
 

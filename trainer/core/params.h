@@ -112,13 +112,26 @@ std::vector<DpBucket> PlanDpBuckets(const ParamStore& params, int first_layer, i
 inline constexpr double kDpReduceMargin = 2.0;
 int DpReduceStartLayer(const std::vector<double>& left_ms, double reduce_ms);
 
-// Binds one decoder layer's tensors by their Megatron-Core names into `w`, which has the fields
-// ln1_w ln1_b qkv_w qkv_b proj_w proj_b ln2_w ln2_b fc1_w fc1_b fc2_w fc2_b and their d_ gradients:
+// One decoder layer's tensors as the models compute with them: the linear layers' weights and
+// biases as `Linear` (the bf16 model uses its bf16 copy), the norms' in fp32, every gradient fp32.
+// A pointer is null where the architecture has no such tensor (no biases, RMSNorm).
+template <typename Linear>
+struct LayerTensors {
+  int global_index = 0;
+  const float *ln1_w = nullptr, *ln1_b = nullptr, *ln2_w = nullptr, *ln2_b = nullptr;
+  const Linear *qkv_w = nullptr, *qkv_b = nullptr, *proj_w = nullptr, *proj_b = nullptr;
+  const Linear *fc1_w = nullptr, *fc1_b = nullptr, *fc2_w = nullptr, *fc2_b = nullptr;
+  float *d_ln1_w = nullptr, *d_ln1_b = nullptr, *d_ln2_w = nullptr, *d_ln2_b = nullptr;
+  float *d_qkv_w = nullptr, *d_qkv_b = nullptr, *d_proj_w = nullptr, *d_proj_b = nullptr;
+  float *d_fc1_w = nullptr, *d_fc1_b = nullptr, *d_fc2_w = nullptr, *d_fc2_b = nullptr;
+};
+
+// Binds layer `layer`'s tensors by their Megatron-Core names into `w` (a LayerTensors):
 // `linear(name)` gives the linear layers' weights and biases, `norm(name)` the norms', `grad(name)`
-// every gradient (each may return null when this rank does not hold the tensor). Both models use
-// it, the bf16 one with its bf16 weight copy for the linears.
+// every gradient (each may return null when this rank does not hold the tensor).
 template <typename W, typename Linear, typename Norm, typename Grad>
 void BindLayerTensors(W* w, int layer, Linear&& linear, Norm&& norm, Grad&& grad) {
+  w->global_index = layer;
   const std::string pre = "decoder.layers." + std::to_string(layer) + ".";
   const std::string ln1 = pre + "input_layernorm.", ln2 = pre + "pre_mlp_layernorm.";
   const std::string qkv = pre + "self_attention.linear_qkv.";

@@ -1,6 +1,7 @@
 // What a pipeline schedule and the training loop need from the model on one pipeline stage (or
-// one virtual chunk of it). Two implementations: GptModel, written once against `Ops` (float32,
-// every layout, every backend), and cuda::BF16GptModel, the fused bf16 path for NVIDIA GPUs.
+// one virtual chunk of it). Two implementations, both built from the same ModelSpec
+// (layer_spec.h): ReferenceModel (trainer/reference/: float32 over `Ops`, every backend) and
+// cuda::Bf16Model (trainer/cuda/nn/: the fused bf16 path for NVIDIA GPUs).
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,21 @@ struct MicroBatch {
   std::vector<int32_t> labels;  // same shape; −1 = no loss (padding)
   int64_t first_sample = 0;     // global index of its first sample (dropout masks)
   bool training = true;         // dropout only when training
+};
+
+struct ModelOptions {
+  int64_t micro_batch = 1;
+  int64_t seq_length = 0;
+  float hidden_dropout = 0.1f;
+  float attention_dropout = 0.1f;
+  bool sequence_parallel = false;
+  uint64_t seed = 1234;
+  // Activation recomputation: the first `recompute_layers` layers of this chunk keep only their
+  // input and run their forward again in the backward (Megatron's full granularity); with
+  // `recompute_attention` the other layers drop the softmax matrix and recompute it (selective).
+  // Dropout masks are functions of the sample, so recomputed activations are bitwise the same.
+  int recompute_layers = 0;
+  bool recompute_attention = false;
 };
 
 class StageModel {
@@ -53,6 +69,8 @@ class StageModel {
   // Whether the model itself sums the gradients over data parallelism (and, with the distributed
   // optimizer, gathers the stepped weights), so that the optimizer must not.
   virtual bool reduces_data_parallel() const { return false; }
+  // Layer forwards run again during backwards so far (activation recomputation), for the report.
+  virtual int64_t recomputed_layers() const { return 0; }
   // Peak device memory for the activations this model holds (bytes), for the log.
   virtual int64_t activation_bytes() const { return 0; }
   // Where a step's time went on the device (communication, exposed waits), for the per-rank

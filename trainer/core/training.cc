@@ -273,8 +273,8 @@ absl::Status Trainer::Run() {
 #endif
   } else {
     for (int v = 0; v < args_.virtual_pipeline_size(); ++v) {
-      models_.push_back(std::make_unique<GptModel>(ops_.get(), *layout_, g_.tp.get(), params_.get(),
-                                                   g_.coords.pp, v, mo));
+      models_.push_back(std::make_unique<ReferenceModel>(ops_.get(), *layout_, g_.tp.get(),
+                                                         params_.get(), g_.coords.pp, v, mo));
       chunks_.push_back(models_.back().get());
     }
   }

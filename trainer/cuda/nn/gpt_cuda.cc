@@ -96,7 +96,7 @@ BF16GptModel::BF16GptModel(const ckpt::ModelLayout& layout, ParamStore* params,
   const int recompute = std::min(opt_.model.recompute_layers, last - first);
   for (int i = first; i < last; ++i) {
     Weights w{};
-    w.global = i;
+    w.global_index = i;
     w.recompute = i - first < recompute;
     BindLayerTensors(&w, i, w16, f32, grad);
     layers_.push_back(w);
@@ -301,7 +301,7 @@ void BF16GptModel::LayerForward(Slot& s, int l) {
                 att_w, h_);
   });
   NormGather(a.ln2, a.ln2_mean, a.ln2_rstd, s.x[l], branch_l_, a.mid, w.ln2_w, w.ln2_b,
-             Drop(s, w.global, 1), /*gather=*/false, attn_addend);
+             Drop(s, w.global_index, 1), /*gather=*/false, attn_addend);
   GatherRun(a.ln2, "matmul fwd fc1", [&](int64_t r0, int64_t rows) {
     if (tanh_gelu_) {  // GELU in the matmul's epilogue
       mm_.ForwardGelu(a.gelu + r0 * ffn_l_, a.pre + r0 * ffn_l_, a.ln2 + r0 * h_, w.fc1_w, w.fc1_b,
@@ -324,7 +324,7 @@ void BF16GptModel::LayerForward(Slot& s, int l) {
 void BF16GptModel::ResidualNorm(Slot& s, int l, bf16* out, float* mean, float* rstd, const float* w,
                                 const float* b, bool gather) {
   NormGather(out, mean, rstd, s.acts[l].mid, branch_l_, s.x[l + 1], w, b,
-             Drop(s, layers_[l].global, 2), gather, mlp_addend_);
+             Drop(s, layers_[l].global_index, 2), gather, mlp_addend_);
 }
 
 float BF16GptModel::Forward(int slot, const MicroBatch& mb, const float* input) {
@@ -382,7 +382,7 @@ float BF16GptModel::Forward(int slot, const MicroBatch& mb, const float* input) 
       prof_.Begin("residual+layernorm fwd");
       AddLayerNormForward<bf16>(s.x[l + 1], junk_, nullptr, nullptr, s.acts[l].mid, branch_l_,
                                 layers_[l].ln1_w, layers_[l].ln1_b, rows_l_, h_, eps_,
-                                Drop(s, layers_[l].global, 2), MainStream(), mlp_addend_);
+                                Drop(s, layers_[l].global_index, 2), MainStream(), mlp_addend_);
       prof_.End();
     }
   }
@@ -459,7 +459,7 @@ void BF16GptModel::LayerBackward(Slot& s, int l) {
   if (w.recompute) {
     prof_.Begin("recompute");
     NormGather(a.ln1, a.ln1_mean, a.ln1_rstd, nullptr, s.x[l], nullptr, w.ln1_w, w.ln1_b,
-               Drop(s, w.global - 1, 2), /*gather=*/false);
+               Drop(s, w.global_index - 1, 2), /*gather=*/false);
     LayerForward(s, l);  // ends with the MLP output in branch_, which the backward does not need
   } else if (opt_.recompute_gelu) {
     prof_.Begin("gelu");
@@ -504,7 +504,7 @@ void BF16GptModel::LayerBackward(Slot& s, int l) {
                          [&] { WeightGrad(w.d_fc1_w, w.d_fc1_b, dfc_, a.ln2, h_, ffn_l_); });
   prof_.Begin("layernorm bwd");
   NormBackward(w.d_ln2_w, w.d_ln2_b, LocalRows(dln_), dx_, a.mid, w.ln2_w, a.ln2_mean, a.ln2_rstd,
-               Drop(s, w.global, 1));
+               Drop(s, w.global_index, 1));
   row_parallel_backward(
       "matmul bwd proj", w.d_proj_w, w.d_proj_b, a.att, att_w, [&](int64_t r0, int64_t rows) {
         mm_.BackwardData(datt_ + r0 * att_w, branch_grad_ + r0 * h_, w.proj_w, rows, att_w, h_);
@@ -517,7 +517,7 @@ void BF16GptModel::LayerBackward(Slot& s, int l) {
   // the embedding) goes through that site's dropout mask.
   prof_.Begin("layernorm bwd");
   NormBackward(w.d_ln1_w, w.d_ln1_b, LocalRows(dln_), dx_, s.x[l], w.ln1_w, a.ln1_mean, a.ln1_rstd,
-               w.global > 0 ? Drop(s, w.global - 1, 2) : Drop(s, -1, 0));
+               w.global_index > 0 ? Drop(s, w.global_index - 1, 2) : Drop(s, -1, 0));
   prof_.End();
 }
 
@@ -527,7 +527,7 @@ std::string BF16GptModel::TimeReport() const {
   const std::string held =
       start < 0 ? ""
                 : absl::StrFormat(", started once layer %d was done (%.0f ms of the backward left)",
-                                  layers_[start].global, reducer_->start_left_ms());
+                                  layers_[start].global_index, reducer_->start_left_ms());
   return absl::StrFormat(
       "data-parallel gradient %s%s %s: %.1f ms per step from the first bucket to the last, %.1f "
       "ms of it exposed (the backward had finished)%s; by %s",
@@ -555,7 +555,7 @@ void BF16GptModel::Backward(int slot, const float* doutput, float loss_scale) {
         __LINE__);
   }
   const HiddenDropout last_drop =
-      num_layers > 0 ? Drop(s, layers_.back().global, 2) : Drop(s, -1, 0);
+      num_layers > 0 ? Drop(s, layers_.back().global_index, 2) : Drop(s, -1, 0);
   if (last_stage_) {
     prof_.Begin("layernorm bwd");
     NormBackward(stage_.d_lnf_w, stage_.d_lnf_b, s.dlnf, nullptr, s.x[num_layers], stage_.lnf_w,

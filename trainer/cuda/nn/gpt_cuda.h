@@ -19,7 +19,7 @@
 #include "absl/status/statusor.h"
 #include "libckpt/layout.h"
 #include "trainer/dist/comm.h"
-#include "trainer/reference/model.h"
+#include "trainer/core/stage_model.h"
 #include "trainer/core/params.h"
 #include "trainer/core/stage_model.h"
 

@@ -56,7 +56,7 @@ class BF16GptModel : public StageModel {
  private:
   struct Weights {
     // bf16 weights (views into w16_), fp32 gradients (views into the ParamStore's gradient).
-    int global = 0;
+    int global_index = 0;
     const bf16 *qkv_w, *qkv_b, *proj_w, *proj_b, *fc1_w, *fc1_b, *fc2_w, *fc2_b;
     const float *ln1_w, *ln1_b, *ln2_w, *ln2_b;
     float *d_qkv_w, *d_qkv_b, *d_proj_w, *d_proj_b, *d_fc1_w, *d_fc1_b, *d_fc2_w, *d_fc2_b;
