@@ -552,7 +552,6 @@ void CheckGradReducer(const std::string& name, Communicator* comm, Checker& c) {
   DeviceBuffer<cuda::bf16> low(n);
   int checked = 0;
   for (bool copy_engine : {true, false}) {
-    setenv("LEANTRON_DP_COPY_ENGINE", copy_engine ? "1" : "0", 1);
     for (bool distributed : {false, true}) {
       for (bool in_bf16 : {false, true}) {
         for (bool held_back : {false, true}) {
@@ -564,15 +563,17 @@ void CheckGradReducer(const std::string& name, Communicator* comm, Checker& c) {
           o.overlap_grad_reduce = true;
           o.distributed = distributed;
           o.reduce_in_bf16 = in_bf16;
+          o.copy_engine = copy_engine;
           if (held_back) o.start_layer = 0;
           cuda::GradReducer r(nc, grad.get(), data.get(), low.get(), buckets, o);
           c.Expect(r.transport() == std::string(copy_engine ? "copy engine" : "NCCL"),
                    what + ": reduced by " + r.transport());
           for (int step = 0; step < (held_back ? 1 : 2); ++step) {
             grad.Upload(mine);
-            r.BeginBackward(true);
-            r.LayerDone(1);  // the backward's layers, then the embeddings' bucket at its end
-            r.LayerDone(0);
+            // One micro-batch: its backward's layers, then the embeddings' bucket at its end.
+            r.BackwardBegins();
+            r.LayerBackwardDone(1);
+            r.LayerBackwardDone(0);
             r.BackwardDone();
             LT_CUDA_CHECK(cudaStreamSynchronize(MainStream()));
             double comm_ms = 0, exposed_ms = 0;
@@ -600,7 +601,6 @@ void CheckGradReducer(const std::string& name, Communicator* comm, Checker& c) {
       }
     }
   }
-  unsetenv("LEANTRON_DP_COPY_ENGINE");
   std::printf("rank %d: GradReducer: %d configurations checked\n", comm->rank(), checked);
   std::fflush(stdout);
 }

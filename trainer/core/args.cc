@@ -70,8 +70,22 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
   app.add_flag("--overlap-grad-reduce", a->overlap_grad_reduce,
                "bf16 model: all-reduce gradient buckets during the backward");
   app.add_flag("--overlap-param-gather", a->overlap_param_gather,
-               "Accepted (parameters are gathered after the step)");
+               "bf16 model with the distributed optimizer: each layer's forward waits only for "
+               "its own gathered weights, the rest arriving meanwhile");
   app.add_option("--ddp-bucket-size", a->ddp_bucket_size, "Gradient all-reduce bucket (elements)");
+  app.add_flag("--no-tp-copy-engine", a->no_tp_copy_engine,
+               "bf16 model: overlapped tensor-parallel blocks between two GPUs of one node go "
+               "through NCCL instead of the copy engines (as they do across nodes)");
+  app.add_flag("--no-dp-copy-engine", a->no_dp_copy_engine,
+               "bf16 model: data-parallel gradients between two GPUs of one node go through NCCL "
+               "instead of the copy engines (as they do across nodes or with more ranks)");
+  app.add_flag("--tp-comm-overlap", a->tp_comm_overlap,
+               "Accepted: the bf16 model always overlaps tensor-parallel communication with the "
+               "products beside it");
+  app.add_flag("--deterministic-mode", a->deterministic_mode,
+               "Accepted: runs are always deterministic (bitwise repeatable, resumes included)");
+  app.add_option("--timing-log-level", a->timing_log_level,
+                 "2: the bf16 model times every op on the GPU and prints the table at the end");
   app.add_flag("--grad-reduce-in-bf16", a->grad_reduce_in_bf16,
                "bf16 model: data-parallel gradients cross rounded to bf16 (half the bytes)");
   // Training.

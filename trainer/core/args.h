@@ -49,6 +49,11 @@ struct TrainArgs {
   std::string recompute_granularity, recompute_method;  // empty: none
   int64_t recompute_num_layers = 0;
   bool overlap_grad_reduce = false, overlap_param_gather = false, grad_reduce_in_bf16 = false;
+  // Two GPUs of one node move overlapped tensor-parallel blocks and data-parallel gradients by
+  // copy engine unless these say NCCL (as across nodes or with more ranks).
+  bool no_tp_copy_engine = false, no_dp_copy_engine = false;
+  // Megatron flags whose behaviour is always on here: accepted so Megatron scripts run.
+  bool tp_comm_overlap = false, deterministic_mode = false;
   // Training.
   int64_t micro_batch_size = 1, global_batch_size = 0, train_iters = 0;
   double lr = 0.0, min_lr = 0.0, lr_warmup_init = 0.0;
@@ -76,6 +81,7 @@ struct TrainArgs {
   std::string backend;
   bool bf16 = false;            // bf16 compute, fp32 main weights (cuda backend)
   bool recompute_gelu = false;  // bf16 model: rebuild GELU's output in the backward
+  int timing_log_level = 0;     // 2: the bf16 model times every op and prints the table
   // Megatron flags this trainer knows but does not implement yet: parsed so the user gets a
   // sentence saying so instead of "unknown option".
   struct Unsupported {

@@ -2,6 +2,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "trainer/reference/ops.h"
 
 namespace leantron::trainer {
 

@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "libdata/gpt_dataset.h"
-#include "trainer/reference/model.h"
+#include "trainer/core/stage_model.h"
 
 namespace leantron::trainer {
 

@@ -96,7 +96,7 @@ void Optimizer::FinalizeGrads() {
     }
   }
   Communicator* dp = groups_->dp.get();
-  if (dp->size() == 1 || opt_.dp_by_model) return;
+  if (dp->size() == 1 || opt_.dp_by_reducer) return;
   // The data-parallel sum, bucket by bucket (the Gloo backend's reduce-scatter is an all-reduce
   // underneath, so the distributed optimizer reduces whole buckets too and uses its parts). The
   // 1/DP averaging happens inside the step.
@@ -134,7 +134,7 @@ StepResult Optimizer::Step(float lr) {
   }
   params_->WeightsStepped();
   if (sharded()) {
-    if (opt_.dp_by_model) {
+    if (opt_.dp_by_reducer) {
       params_partial_ = true;
     } else {
       BroadcastParts();

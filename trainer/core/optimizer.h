@@ -28,9 +28,10 @@ struct OptimizerOptions {
   // The data-parallel buckets of this rank's buffers (every model chunk's PlanDpBuckets). Empty:
   // the whole buffer is one bucket.
   std::vector<DpBucket> buckets;
-  // The model has already summed the gradient over DP (overlapped with its backward), and with the
-  // distributed optimizer it gathers the stepped parts itself before its next forward.
-  bool dp_by_model = false;
+  // A gradient reducer listening to the models (GPU) has already summed the gradient over DP,
+  // overlapped with the backward, and with the distributed optimizer it gathers the stepped parts
+  // itself before the next forward.
+  bool dp_by_reducer = false;
   // Elements of the flat order GatherState assembles at a time (64 MiB of floats).
   size_t gather_window = size_t{16} << 20;
 };

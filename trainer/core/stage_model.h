@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "trainer/core/model_events.h"
+
 namespace leantron::trainer {
 
 struct MicroBatch {
@@ -66,23 +68,25 @@ class StageModel {
   // gradient into.
   virtual float* input_buffer() = 0;
   virtual float* grad_buffer() = 0;
-  // Whether the model itself sums the gradients over data parallelism (and, with the distributed
-  // optimizer, gathers the stepped weights), so that the optimizer must not.
-  virtual bool reduces_data_parallel() const { return false; }
+  // Components that follow this model's progress (ModelEvents), called in the order added.
+  void AddListener(ModelEvents* listener) { listeners_.push_back(listener); }
   // Layer forwards run again during backwards so far (activation recomputation), for the report.
   virtual int64_t recomputed_layers() const { return 0; }
   // Peak device memory for the activations this model holds (bytes), for the log.
   virtual int64_t activation_bytes() const { return 0; }
-  // Where a step's time went on the device (communication, exposed waits), for the per-rank
-  // report; empty when the model does not measure it.
-  virtual std::string TimeReport() const { return {}; }
   // Per-step averages measured on the device, leaving out the first step: GPU time of this
-  // chunk's forward and backward outside communication, tensor-parallel communication on the
-  // critical path, and data-parallel communication the backward had to wait for. False when the
-  // model does not measure them.
-  virtual bool StepTimes(double* compute_ms, double* tp_comm_ms, double* dp_exposed_ms) const {
-    return false;
+  // chunk's forward and backward outside communication, and tensor-parallel communication on the
+  // critical path. False when the model does not measure them.
+  virtual bool StepTimes(double* compute_ms, double* tp_comm_ms) const { return false; }
+
+ protected:
+  template <typename F>
+  void Notify(F&& f) {
+    for (ModelEvents* l : listeners_) f(*l);
   }
+
+ private:
+  std::vector<ModelEvents*> listeners_;
 };
 
 }  // namespace leantron::trainer

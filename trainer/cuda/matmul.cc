@@ -47,7 +47,7 @@ Matmul::Plan* Matmul::GetPlan(const Key& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second.get();  // may be null: known to be unsupported
   const auto [ta, tb, m, n, k, lda, ldb, ldd, d_type_int, epilogue_int, align_a, align_b, align_d,
-              accumulate, ld_aux, sm_target] = key;
+              accumulate, ld_aux] = key;
   const auto epilogue = static_cast<Epilogue>(epilogue_int);
   const bool has_bias = epilogue == Epilogue::kBias || epilogue == Epilogue::kGeluAuxBias;
   const auto d_type = static_cast<cudaDataType_t>(d_type_int);
@@ -85,11 +85,6 @@ Matmul::Plan* Matmul::GetPlan(const Key& key) {
     const cudaDataType_t aux_type = CUDA_R_16BF;
     LT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
         plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type, sizeof(aux_type)));
-  }
-  if (sm_target > 0) {
-    const int32_t sms = sm_target;
-    LT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
-                                                   &sms, sizeof(sms)));
   }
   plan->has_bias = has_bias;
   LT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16BF, ta ? k : m, ta ? m : k, lda));
@@ -156,8 +151,7 @@ bool Matmul::Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
                 Alignment(b),
                 Alignment(d),
                 beta != 0.0f,
-                ld_aux,
-                sm_target_};
+                ld_aux};
   Plan* plan = GetPlan(key);
   if (plan == nullptr) return false;
   if (epilogue == Epilogue::kBGradB) {  // `aux` is the bias-gradient output here
@@ -187,8 +181,7 @@ bool Matmul::Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
 void Matmul::Tune(Plan* plan, float alpha, const void* a, const void* b, float beta, void* d,
                   cudaDataType_t d_type, int64_t d_elements) {
   plan->tuned = true;
-  const char* env = std::getenv("LEANTRON_GEMM_TUNE");
-  if (plan->candidates.size() < 2 || (env != nullptr && env[0] == '0')) return;
+  if (plan->candidates.size() < 2) return;
   void* out = d;
   if (beta != 0.0f) {
     const size_t bytes = static_cast<size_t>(d_elements) * (d_type == CUDA_R_32F ? 4 : 2);
@@ -221,11 +214,6 @@ void Matmul::Tune(Plan* plan, float alpha, const void* a, const void* b, float b
     if (ms[i] < ms[best]) best = i;
   }
   if (ms[best] < 0.85f * ms[0]) plan->algo = plan->candidates[best];
-  if (env != nullptr && env[0] == '2') {  // report the candidates' times
-    std::fprintf(stderr, "gemm tune %p:", static_cast<void*>(plan));
-    for (float t : ms) std::fprintf(stderr, " %.3f", t / 5);
-    std::fprintf(stderr, " ms -> %zu\n", ms[best] < 0.85f * ms[0] ? best : size_t{0});
-  }
 }
 
 // Row-major X[r, c] is column-major Xᵀ with leading dimension c; each product below is written

@@ -4,7 +4,8 @@
 //   BackwardWeight: dW[N, K] += dout[M, N]ᵀ · in[M, K]                   fp32 accumulate in place
 // Plans (descriptors, layouts and the chosen algorithm) are cached per shape and pointer alignment,
 // so the steady state makes no heuristic queries and no allocations. The first call of a shape
-// times the heuristic's best few algorithms (LEANTRON_GEMM_TUNE=0 turns this off).
+// times the heuristic's best few algorithms and keeps its first choice unless another is clearly
+// faster, so timing noise cannot make two runs differ.
 #pragma once
 
 #include <cstdint>
@@ -44,11 +45,6 @@ class Matmul {
 
   enum class Epilogue { kNone, kBias, kGeluAux, kGeluAuxBias, kDGelu, kBGradB };
 
-  // Products from now on are planned for `sms` SMs (cuBLASLt's SM count target; 0: the whole
-  // device): for products running beside a communication kernel that holds the other SMs.
-  void set_sm_target(int sms) { sm_target_ = sms; }
-  int sm_target() const { return sm_target_; }
-
   // A general column-major product D = alpha·op(A)·op(B) + beta·C (C = D), with an optional bias
   // epilogue (bias of length m, broadcast over columns). Types: A, B bf16; D bf16 or fp32.
   // False when an optional epilogue (kBGradB) has no kernel; any other failure aborts.
@@ -60,7 +56,7 @@ class Matmul {
  private:
   struct Plan;
   using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int,
-                         int, int, int, bool, int64_t, int>;
+                         int, int, int, bool, int64_t>;
   Plan* GetPlan(const Key& key);  // null: no algorithm for an optional epilogue
   void Tune(Plan* plan, float alpha, const void* a, const void* b, float beta, void* d,
             cudaDataType_t d_type, int64_t d_elements);
@@ -68,7 +64,6 @@ class Matmul {
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
-  int sm_target_ = 0;
   std::map<Key, std::unique_ptr<Plan>> plans_;
 };
 

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
@@ -18,10 +17,10 @@ namespace leantron::trainer::cuda {
 // GPU time by category, from CUDA events, summed when the next step begins (the optimizer step
 // has synchronised by then). Always on at the coarse level (compute vs tensor-parallel
 // communication, events only where the category changes), which feeds the per-rank report;
-// LEANTRON_PROFILE=1 times every op and prints the table at exit.
+// `detailed` (--timing-log-level 2) times every op and prints the table when it goes.
 class OpProfile {
  public:
-  OpProfile() : detailed_(std::getenv("LEANTRON_PROFILE") != nullptr) {}
+  explicit OpProfile(bool detailed) : detailed_(detailed) {}
   ~OpProfile() {
     Step();  // the last step's marks
     if (detailed_) {

@@ -243,12 +243,16 @@ float ReferenceModel::Forward(int slot, const MicroBatch& mb, const float* input
   s.mb = mb;
   ops_->CopyFromHost(s.tokens, mb.tokens.data(), ctx_.rows_full * sizeof(int32_t));
   ops_->CopyFromHost(s.labels, mb.labels.data(), ctx_.rows_full * sizeof(int32_t));
+  Notify([](ModelEvents& e) { e.WeightsNeeded(-1); });
   if (first_stage_) {
     embedding_->Forward(s.hidden[0], s.tokens, HiddenDrop(s.mb, -1, 0));
   } else {
     ops_->Copy(s.hidden[0], input, ctx_.rows_local * h_);
   }
-  for (size_t l = 0; l < layers_.size(); ++l) LayerForward(s, static_cast<int>(l));
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    Notify([&](ModelEvents& e) { e.WeightsNeeded(static_cast<int>(l)); });
+    LayerForward(s, static_cast<int>(l));
+  }
   return last_stage_ ? HeadForward(s) : 0.0f;
 }
 
@@ -256,13 +260,18 @@ const float* ReferenceModel::Output(int slot) const { return slots_[slot]->hidde
 
 void ReferenceModel::Backward(int slot, const float* doutput, float loss_scale) {
   Slot& s = *slots_[slot];
+  Notify([](ModelEvents& e) { e.BackwardBegins(); });
   if (last_stage_) {
     HeadBackward(s, loss_scale);
   } else {
     ops_->Copy(dhidden_, doutput, ctx_.rows_local * h_);
   }
-  for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) LayerBackward(s, l);
+  for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
+    LayerBackward(s, l);
+    Notify([&](ModelEvents& e) { e.LayerBackwardDone(l); });
+  }
   if (first_stage_) embedding_->Backward(dhidden_, s.tokens, HiddenDrop(s.mb, -1, 0));
+  Notify([](ModelEvents& e) { e.BackwardDone(); });
 }
 
 }  // namespace leantron::trainer

@@ -4,7 +4,8 @@
 // composed of the modules in modules.h, plus the embedding on the first stage and the final norm
 // and output head on the last. Every backend of `Ops` runs it (cpu, cuda); every layout (DP, TP,
 // SP, PP, interleaved PP) through the Communicator it is given. Activations live in numbered slots
-// so a pipeline schedule can keep several micro-batches in flight.
+// so a pipeline schedule can keep several micro-batches in flight. It fires the ModelEvents every
+// model fires; on the CPU the optimizer reduces over DP after the backward, so nobody listens.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +37,9 @@ class ReferenceModel : public StageModel {
   int last_layer() const override { return first_layer_ + static_cast<int>(layers_.size()); }
   int64_t hidden_rows() const override { return ctx_.rows_local; }
   int64_t hidden_size() const override { return h_; }
+  void BeginStep() override {
+    Notify([](ModelEvents& e) { e.StepBegins(); });
+  }
   float Forward(int slot, const MicroBatch& mb, const float* input) override;
   const float* Output(int slot) const override;
   void Backward(int slot, const float* doutput, float loss_scale) override;

@@ -30,14 +30,6 @@ void* cudnn_dlhandle = nullptr;  // the frontend's handle on libcudnn (dynamic l
 
 namespace leantron::trainer::cuda {
 namespace {
-// The backward is deterministic unless LEANTRON_ATTN_DETERMINISTIC=0 asks for cuDNN's faster
-// atomics-based kernel (then no run, and no resume, is bitwise repeatable).
-bool Deterministic() {
-  const char* env = std::getenv("LEANTRON_ATTN_DETERMINISTIC");
-  return env == nullptr || env[0] != '0';
-}
-}  // namespace
-namespace {
 
 namespace fe = cudnn_frontend;
 using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
@@ -231,7 +223,7 @@ absl::StatusOr<std::unique_ptr<FlashAttention>> FlashAttention::Create(int64_t b
                        .set_attn_scale(scale)
                        .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
                        .set_diagonal_band_right_bound(0)
-                       .set_deterministic_algorithm(Deterministic());
+                       .set_deterministic_algorithm(true);
       auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, attrs);
       MarkOutput(dq, "dQ", kDQ, s.dims(), s.qkv_strides(), fe::DataType_t::BFLOAT16);
       MarkOutput(dk, "dK", kDK, s.dims(), s.qkv_strides(), fe::DataType_t::BFLOAT16);

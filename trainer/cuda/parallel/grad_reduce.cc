@@ -1,9 +1,9 @@
 #include "trainer/cuda/parallel/grad_reduce.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 
+#include "absl/strings/str_format.h"
 #include "trainer/cuda/kernels/kernels.h"
 
 namespace leantron::trainer::cuda {
@@ -67,8 +67,7 @@ GradReducer::GradReducer(NcclCommunicator* dp, float* grad, float* data, bf16* l
     for (const DpBucket& b : buckets_) largest = std::max(largest, b.numel);
     LT_CUDA_CHECK(cudaMalloc(&stage_, std::max<size_t>(largest, 1) * sizeof(bf16)));
   }
-  const char* ce = std::getenv("LEANTRON_DP_COPY_ENGINE");
-  if (dp_->size() == 2 && (ce == nullptr || ce[0] != '0')) {
+  if (dp_->size() == 2 && opt_.copy_engine) {
     exchange_ = PeerExchange::Create(dp_, (kPieceElements / 2 + 1) * sizeof(float));
   }
 }
@@ -203,7 +202,7 @@ void GradReducer::CopyEngineReduceScatter(const DpBucket& b) {
 
 // The backward has finished `layer` and those above it: their buckets start unless held back
 // until the start layer, in the buckets' (the backward's) order.
-void GradReducer::LayerDone(int layer) {
+void GradReducer::LayerBackwardDone(int layer) {
   if (!active_ || !opt_.overlap_grad_reduce) return;
   if (layer >= 0 && layer < static_cast<int>(layer_done_.size())) {
     LT_CUDA_CHECK(cudaEventRecord(layer_done_[layer], MainStream()));
@@ -228,9 +227,43 @@ void GradReducer::BackwardDone() {
   measured_ = true;
 }
 
+void GradReducer::StepBegins() {
+  if (measured_) {
+    double comm = 0, exposed = 0;
+    LastStep(&comm, &exposed);
+    if (comm > 0) {
+      comm_ms_ += comm;
+      exposed_ms_ += exposed;
+      ++measured_steps_;
+    }
+  }
+  backwards_ = 0;
+  if (params_ != nullptr && params_->weights_version() != weights_seen_) {
+    // Stepped (not rewritten) since: every rank holds only its parts.
+    if (params_->weights_rewritten() <= weights_seen_) GatherParams();
+    weights_seen_ = params_->weights_version();
+  }
+}
+
+std::string GradReducer::Report() const {
+  if (measured_steps_ == 0) return {};
+  const std::string held =
+      start_layer_ < 0
+          ? ""
+          : absl::StrFormat(", started once layer %d was done (%.0f ms of the backward left)",
+                            opt_.first_layer + start_layer_, start_left_ms_);
+  return absl::StrFormat(
+      "data-parallel gradient %s%s %s: %.1f ms per step from the first bucket to the last, %.1f "
+      "ms of it exposed (the backward had finished)%s; by %s",
+      opt_.distributed ? "reduce-scatter" : "all-reduce", opt_.reduce_in_bf16 ? " in bf16" : "",
+      opt_.overlap_grad_reduce ? "overlapped with the backward" : "after the backward",
+      comm_ms_ / measured_steps_, exposed_ms_ / measured_steps_, held, transport());
+}
+
 void GradReducer::LastStep(double* comm_ms, double* exposed_ms) {
   *comm_ms = *exposed_ms = 0.0;
   if (!measured_) return;
+  measured_ = false;
   float total = 0.0f, exposed = 0.0f;
   LT_CUDA_CHECK(cudaEventSynchronize(comm_done_));
   LT_CUDA_CHECK(cudaEventElapsedTime(&total, comm_start_, comm_done_));

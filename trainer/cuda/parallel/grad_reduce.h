@@ -16,41 +16,61 @@
 //   in the forward's order, converting what arrives to bf16, and WaitParams makes the forward
 //   wait for a layer's bucket only (--overlap-param-gather), or for all of them at once.
 // Two data-parallel ranks of one node move the data by copy engine (PeerExchange; no SM taken
-// from the compute except for the additions; LEANTRON_DP_COPY_ENGINE=0 uses NCCL).
+// from the compute except for the additions), unless options.copy_engine is off (then NCCL, as
+// for more ranks or several nodes).
+// It is not part of the model: it listens to the model's events (core/model_events.h) — a layer's
+// backward is done, a layer's weights are needed, a step begins.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
+#include "trainer/core/model_events.h"
+#include "trainer/core/params.h"
 #include "trainer/cuda/cuda_util.h"
 #include "trainer/cuda/parallel/peer_exchange.h"
 #include "trainer/dist/nccl_comm.h"
-#include "trainer/core/params.h"
 
 namespace leantron::trainer::cuda {
 
-class GradReducer {
+class GradReducer final : public ModelEvents {
  public:
   struct Options {
     bool overlap_grad_reduce = false;
     bool distributed = false;           // reduce-scatter gradients, gather parameters
     bool overlap_param_gather = false;  // wait per layer in the forward
     bool reduce_in_bf16 = false;
+    bool copy_engine = true;  // two ranks of one node: by copy engine, else NCCL
+    // Micro-batches per step: the reduction runs during the last one's backward.
+    int num_micro_batches = 1;
+    int first_layer = 0;  // the chunk's first global layer (for the report)
     // Fixed instead of planned (tests): the layer whose end starts the held-back buckets, -1 none.
     std::optional<int> start_layer;
   };
   // `grad`, `data` and `low` (the bf16 copy) are the flat buffers the buckets index.
   GradReducer(NcclCommunicator* dp, float* grad, float* data, bf16* low,
               std::vector<DpBucket> buckets, const Options& options);
-  ~GradReducer();
+  ~GradReducer() override;
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
+  // After a distributed-optimizer step (a new weights_version() that is not a rewrite) StepBegins
+  // gathers the other ranks' parts; without `params` it never does.
+  void Follow(const ParamStore* params) { params_ = params; }
 
-  void BeginBackward(bool last_micro_batch) { active_ = last_micro_batch; }
-  void LayerDone(int layer);
-  void BackwardDone();
+  // ModelEvents.
+  void StepBegins() override;
+  void WeightsNeeded(int layer) override { WaitParams(layer); }
+  void BackwardBegins() override { active_ = ++backwards_ == opt_.num_micro_batches; }
+  void LayerBackwardDone(int layer) override;
+  void BackwardDone() override;
+  std::string Report() const override;
+  double ExposedMsPerStep() const override {
+    return measured_steps_ > 0 ? exposed_ms_ / measured_steps_ : 0.0;
+  }
+
   // Milliseconds of the last step: reduction time on the communication stream, and how long the
   // compute stream had to wait for it after the backward (call after the step has finished).
   // Plans the next step's start from the last one (collective over the data-parallel group).
@@ -85,8 +105,13 @@ class GradReducer {
   bf16* low_;
   std::vector<DpBucket> buckets_;
   Options opt_;
-  bool active_ = false;
-  bool measured_ = false;
+  const ParamStore* params_ = nullptr;
+  uint64_t weights_seen_ = 0;  // params_->weights_version() at the last StepBegins
+  int backwards_ = 0;          // this step
+  bool active_ = false;        // the step's last backward: the one that reduces
+  bool measured_ = false;      // a reduction ran since LastStep
+  int64_t measured_steps_ = 0;
+  double comm_ms_ = 0.0, exposed_ms_ = 0.0;  // summed over the measured steps
   // One communication stream per DP group, shared by the model chunks' reducers: NCCL calls on
   // one communicator must run in the order every rank issued them, which two streams would not
   // guarantee.

@@ -1,0 +1,127 @@
+#include "trainer/core/model_builder.h"
+
+#include "trainer/reference/model.h"
+#ifdef LEANTRON_HAVE_CUDA
+#include "trainer/cuda/nn/bf16_model.h"
+#include "trainer/cuda/parallel/grad_reduce.h"
+#include "trainer/dist/nccl_comm.h"
+#endif
+
+namespace leantron::trainer {
+namespace {
+
+ModelOptions ModelOptionsFromArgs(const TrainArgs& args) {
+  ModelOptions mo;
+  mo.micro_batch = args.micro_batch_size;
+  mo.seq_length = args.seq_length;
+  mo.hidden_dropout = static_cast<float>(args.hidden_dropout);
+  mo.attention_dropout = static_cast<float>(args.attention_dropout);
+  mo.sequence_parallel = args.sequence_parallel;
+  mo.seed = args.seed;
+  // Layers keep only their input when recomputed: uniform recomputes every layer (each layer
+  // input is a checkpoint, whatever the block size), block the first N of each model chunk.
+  if (args.recompute_granularity == "full") {
+    mo.recompute_layers = args.recompute_method == "uniform"
+                              ? static_cast<int>(args.num_layers)
+                              : static_cast<int>(args.recompute_num_layers);
+  }
+  mo.recompute_attention = args.recompute_granularity == "selective";
+  return mo;
+}
+
+#ifdef LEANTRON_HAVE_CUDA
+// The bf16 chunks, and on each the data-parallel gradient reducer when DP runs over NCCL.
+absl::Status BuildBf16Chunks(const TrainArgs& args, ProcessGroups& g,
+                             const std::vector<std::vector<DpBucket>>& chunk_buckets,
+                             TrainingModel* m) {
+  cuda::Bf16Options bo;
+  bo.model = ModelOptionsFromArgs(args);
+  bo.loss_scale = 1.0f / static_cast<float>(args.num_micro_batches());
+  bo.recompute_gelu = args.recompute_gelu;
+  bo.tp = g.tp.get();
+  bo.pp_rank = g.coords.pp;
+  bo.tp_copy_engine = !args.no_tp_copy_engine;
+  bo.profile_ops = args.timing_log_level >= 2;
+  for (int v = 0; v < args.virtual_pipeline_size(); ++v) {
+    bo.virtual_chunk = v;
+    absl::StatusOr<std::unique_ptr<StageModel>> model =
+        cuda::CreateBf16Model(*m->layout, m->params.get(), bo);
+    if (!model.ok()) return model.status();
+    m->models.push_back(std::move(*model));
+  }
+  NcclCommunicator* dp = AsNccl(g.dp.get());
+  if (dp == nullptr || dp->size() <= 1) return absl::OkStatus();
+  cuda::GradReducer::Options ro;
+  ro.overlap_grad_reduce = args.overlap_grad_reduce;
+  ro.distributed = args.use_distributed_optimizer;
+  ro.overlap_param_gather = args.overlap_param_gather;
+  ro.reduce_in_bf16 = args.grad_reduce_in_bf16;
+  ro.copy_engine = !args.no_dp_copy_engine;
+  ro.num_micro_batches = static_cast<int>(args.num_micro_batches());
+  ParamStore& p = *m->params;
+  for (int v = 0; v < args.virtual_pipeline_size(); ++v) {
+    ro.first_layer = m->models[v]->first_layer();
+    auto reducer = std::make_unique<cuda::GradReducer>(
+        dp, p.grad(), p.data(), reinterpret_cast<cuda::bf16*>(p.bf16_copy()), chunk_buckets[v], ro);
+    reducer->Follow(&p);
+    m->models[v]->AddListener(reducer.get());
+    m->listeners.push_back(std::move(reducer));
+  }
+  return absl::OkStatus();
+}
+#endif
+
+}  // namespace
+
+absl::StatusOr<TrainingModel> BuildTrainingModel(const TrainArgs& args, ProcessGroups& g) {
+  TrainingModel m;
+  absl::StatusOr<std::unique_ptr<Ops>> ops = CreateOps(args.backend);
+  if (!ops.ok()) return ops.status();
+  m.ops = std::move(*ops);
+  absl::StatusOr<ckpt::ModelLayout> layout =
+      ckpt::ModelLayout::Create(ModelConfigFromArgs(args), ParallelConfigFromArgs(args));
+  if (!layout.ok()) return layout.status();
+  m.layout = std::make_unique<ckpt::ModelLayout>(std::move(*layout));
+  m.params = std::make_unique<ParamStore>(m.ops.get(), *m.layout, g.coords.tp, g.coords.pp,
+                                          args.sequence_parallel);
+  m.params->Initialize(args.seed, args.init_method_std);
+  // Data-parallel buckets, per model chunk: the reducer reduces (and gathers) its chunk's, the
+  // optimizer owns a part of each of them with the distributed optimizer.
+  const int vpp = args.virtual_pipeline_size();
+  std::vector<std::vector<DpBucket>> chunk_buckets;
+  for (int v = 0; v < vpp; ++v) {
+    const auto [first, last] = m.layout->StageLayers(g.coords.pp, v);
+    chunk_buckets.push_back(PlanDpBuckets(*m.params, first, last, g.coords.pp == 0 && v == 0,
+                                          g.coords.pp == g.sizes.pp - 1 && v == vpp - 1,
+                                          static_cast<size_t>(args.ddp_bucket_size)));
+  }
+  if (args.bf16) {
+#ifdef LEANTRON_HAVE_CUDA
+    if (absl::Status s = BuildBf16Chunks(args, g, chunk_buckets, &m); !s.ok()) return s;
+#else
+    return absl::UnimplementedError("--bf16 needs a build with CUDA");
+#endif
+  } else {
+    const ModelOptions mo = ModelOptionsFromArgs(args);
+    for (int v = 0; v < vpp; ++v) {
+      m.models.push_back(std::make_unique<ReferenceModel>(m.ops.get(), *m.layout, g.tp.get(),
+                                                          m.params.get(), g.coords.pp, v, mo));
+    }
+  }
+  for (const std::unique_ptr<StageModel>& model : m.models) m.chunks.push_back(model.get());
+
+  OptimizerOptions oo;
+  oo.beta1 = static_cast<float>(args.adam_beta1);
+  oo.beta2 = static_cast<float>(args.adam_beta2);
+  oo.eps = static_cast<float>(args.adam_eps);
+  oo.weight_decay = static_cast<float>(args.weight_decay);
+  oo.clip_grad = static_cast<float>(args.clip_grad);
+  oo.distributed = args.use_distributed_optimizer;
+  for (const std::vector<DpBucket>& b : chunk_buckets)
+    oo.buckets.insert(oo.buckets.end(), b.begin(), b.end());
+  oo.dp_by_reducer = !m.listeners.empty();
+  m.optimizer = std::make_unique<Optimizer>(m.ops.get(), m.params.get(), &g, oo);
+  return m;
+}
+
+}  // namespace leantron::trainer

@@ -1,0 +1,129 @@
+#include "trainer/core/run_report.h"
+
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#ifdef LEANTRON_HAVE_CUDA
+#include "trainer/cuda/nn/bf16_model.h"
+#endif
+
+namespace leantron::trainer {
+
+int64_t PeakResidentMiB() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::atoll(line.c_str() + 6) / 1024;
+  }
+  return 0;
+}
+
+std::string ModelBanner(const TrainArgs& args, const TrainingModel& m, const ProcessGroups& g) {
+  const ckpt::ModelConfig& config = m.layout->config();
+  int64_t total = 0;
+  for (const ckpt::ParamSpec& p : m.layout->params())
+    if (p.tied_to.empty()) total += ckpt::NumElements(p.shape);
+  // An uneven split (--decoder-first/last-pipeline-num-layers) shows each stage's layers.
+  std::string uneven;
+  const ckpt::ParallelConfig& par = m.layout->parallel();
+  if (par.first_stage_layers > 0 || par.last_stage_layers > 0) {
+    for (int s = 0; s < par.pp; ++s) {
+      const auto [first, last] = m.layout->StageLayers(s, 0);
+      absl::StrAppend(&uneven, s == 0 ? " (layers per stage " : ", ", last - first);
+    }
+    uneven += ")";
+  }
+  return absl::StrFormat(
+      "> building GPT model: %d layers, hidden %d, heads %d, ffn %d, padded vocab %d, %d "
+      "parameters; TP %d PP %d%s (x%d virtual) DP %d%s%s; %d micro-batches per step\n",
+      config.num_layers, config.hidden_size, config.num_attention_heads, config.ffn_hidden_size,
+      m.layout->padded_vocab_size(), total, g.sizes.tp, g.sizes.pp, uneven,
+      args.virtual_pipeline_size(), g.sizes.dp, args.sequence_parallel ? " +SP" : "",
+      args.use_distributed_optimizer ? " +distributed optimizer" : "", args.num_micro_batches());
+}
+
+std::string MemoryLine(const TrainArgs& args, const TrainingModel& m, const ProcessGroups& g,
+                       int64_t iteration) {
+  std::string gpu;
+#ifdef LEANTRON_HAVE_CUDA
+  if (args.backend == "cuda") {
+    int64_t acts = 0;
+    for (const StageModel* c : m.chunks) acts += c->activation_bytes();
+    const int64_t params = static_cast<int64_t>(m.params->size()) * 4;
+    gpu = absl::StrFormat(
+        " GPU in use: %d | of which parameters %d, gradients %d, Adam state %d, bf16 "
+        "weights, activations and workspaces %d |",
+        cuda::DeviceMemoryInUse() >> 20, params >> 20, params >> 20,
+        m.optimizer->state_elements() * 8 >> 20, acts >> 20);
+  }
+#endif
+  return absl::StrFormat("[Rank %d] (after %d iterations) memory (MB) | max resident: %d |%s\n",
+                         g.world_rank, iteration, PeakResidentMiB(), gpu);
+}
+
+// One line per rank: where it sits, what it holds, its memory and its communication share, so
+// uneven pipeline memory and communication cost are visible without outside tools.
+std::string RankReport(const TrainArgs& args, const TrainingModel& m, const ProcessGroups& g,
+                       const RunTimes& t) {
+  std::string out, layers;
+  int64_t recomputed = 0;
+  for (const StageModel* c : m.chunks) {
+    absl::StrAppend(&layers, layers.empty() ? "" : ", ", "[", c->first_layer(), ", ",
+                    c->last_layer(), ")", c->first_stage() ? " +embedding" : "",
+                    c->last_stage() ? " +output" : "");
+    recomputed += c->recomputed_layers();
+  }
+  const double param_mb = m.params->size() * 4.0 / (1 << 20);
+  const double adam_mb = m.optimizer->state_elements() * 8.0 / (1 << 20);
+  // Gloo calls are timed on the host; on GPUs the split comes from device events (below).
+  const std::string comm =
+      args.backend == "cuda"
+          ? absl::StrFormat("%d iterations in %.2f s", t.iterations, t.train_seconds)
+          : absl::StrFormat(
+                "communication and waiting for peers %.2f s of %.2f s in %d iterations (%.1f%%)",
+                t.comm_seconds, t.train_seconds, t.iterations,
+                t.train_seconds > 0 ? 100.0 * t.comm_seconds / t.train_seconds : 0.0);
+  const std::string recompute =
+      args.recompute_granularity == "full"
+          ? absl::StrFormat(" | recomputed %d layer forwards in backwards", recomputed)
+          : "";
+  absl::StrAppendFormat(
+      &out,
+      "[Rank %d] tp %d pp %d dp %d | layers %s | parameters %d: %.1f MB + gradients %.1f MB + "
+      "Adam state %.1f MB | peak resident %d MB%s | %s\n",
+      g.world_rank, g.coords.tp, g.coords.pp, g.coords.dp, layers, m.params->size(), param_mb,
+      param_mb, adam_mb, PeakResidentMiB(), recompute, comm);
+  double compute = 0, tp_comm = 0, dp_exposed = 0;
+  bool measured = t.steady_iters > 0;
+  for (const StageModel* c : m.chunks) {
+    double cm = 0, tc = 0;
+    measured = measured && c->StepTimes(&cm, &tc);
+    compute += cm;
+    tp_comm += tc;
+  }
+  for (const auto& l : m.listeners) dp_exposed += l->ExposedMsPerStep();
+  if (measured) {
+    const double step = t.steady_ms / t.steady_iters, wait = t.pipeline_wait_ms / t.steady_iters;
+    absl::StrAppendFormat(
+        &out,
+        "[Rank %d] step time %.1f ms (mean after the first iteration) = GPU compute %.1f + "
+        "tensor-parallel communication %.1f + pipeline waits (bubble and stage transfers) %.1f + "
+        "exposed data-parallel communication %.1f + rest (optimizer, host) %.1f\n",
+        g.world_rank, step, compute, tp_comm, wait, dp_exposed,
+        step - compute - tp_comm - wait - dp_exposed);
+  }
+  for (const auto& l : m.listeners) {
+    if (std::string r = l->Report(); !r.empty())
+      absl::StrAppendFormat(&out, "[Rank %d] %s\n", g.world_rank, r);
+  }
+#ifdef LEANTRON_HAVE_CUDA
+  if (args.backend == "cuda") {
+    absl::StrAppendFormat(&out, "[Rank %d] GPU memory in use at the end: %d MB\n", g.world_rank,
+                          cuda::DeviceMemoryInUse() >> 20);
+  }
+#endif
+  return out;
+}
+
+}  // namespace leantron::trainer

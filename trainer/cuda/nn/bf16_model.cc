@@ -1,0 +1,445 @@
+#include "trainer/cuda/nn/bf16_model.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "trainer/cuda/device_memory.h"
+#include "trainer/cuda/kernels/kernels.h"
+#include "trainer/cuda/matmul.h"
+#include "trainer/cuda/nn/flash_attention.h"
+#include "trainer/cuda/nn/modules.h"
+#include "trainer/cuda/nn/transformer_layer.h"
+#include "trainer/cuda/op_profile.h"
+#include "trainer/cuda/parallel/tensor_parallel.h"
+
+namespace leantron::trainer::cuda {
+namespace {
+
+class Bf16Model final : public StageModel {
+ public:
+  Bf16Model(const ckpt::ModelLayout& layout, ParamStore* params, const Bf16Options& options,
+            std::unique_ptr<CoreAttention> attention);
+  ~Bf16Model() override;
+
+  bool first_stage() const override { return first_stage_; }
+  bool last_stage() const override { return last_stage_; }
+  int first_layer() const override { return first_layer_; }
+  int last_layer() const override { return first_layer_ + static_cast<int>(layers_.size()); }
+  int64_t hidden_rows() const override { return geo_.local_rows; }
+  // Stage messages are bf16 [rows, h]: counted in floats, as the schedule sends them.
+  int64_t hidden_size() const override { return geo_.hidden / 2; }
+  void BeginStep() override;
+  // Returns 0: the loss stays on the device (TakeDeferredLoss), so the last stage never waits
+  // for its GPU between micro-batches.
+  float Forward(int slot, const MicroBatch& mb, const float* input) override;
+  double TakeDeferredLoss() override { return head_ ? head_->TakeLoss() : 0.0; }
+  const float* Output(int slot) const override {
+    return reinterpret_cast<const float*>(slots_[slot]->x.back());
+  }
+  void Backward(int slot, const float* doutput, float loss_scale) override;
+  const float* InputGrad() const override { return reinterpret_cast<const float*>(dx_); }
+  float* input_buffer() override { return reinterpret_cast<float*>(recv_input_); }
+  float* grad_buffer() override { return reinterpret_cast<float*>(recv_grad_); }
+  int64_t recomputed_layers() const override { return recomputed_; }
+  int64_t activation_bytes() const override { return memory_.bytes(); }
+  bool StepTimes(double* compute_ms, double* tp_comm_ms) const override {
+    return prof_.Averages(compute_ms, tp_comm_ms);
+  }
+
+ private:
+  // One micro-batch in flight.
+  struct Slot {
+    MicroBatch mb;
+    bool has_grad = false;
+    float grad_scale = 0.0f;
+    int32_t *tokens = nullptr, *labels = nullptr;  // all rows
+    // Pinned staging of tokens and labels, reused once the previous copy from it has run.
+    int32_t* host_ids = nullptr;
+    cudaEvent_t ids_copied = nullptr;
+    std::vector<bf16*> x;  // [layers + 1] residual stream, this rank's rows
+    std::vector<TransformerLayer::Acts> acts;
+    bf16 *lnf = nullptr, *dlnf = nullptr;  // last stage
+    Norm::Stats lnf_stats;
+    float* losses = nullptr;
+  };
+  Slot& GetSlot(int index);
+  HiddenDropout Drop(const Slot& s, int global_layer, int site) const;
+  // The dropout of the branch that feeds chunk layer l's input (the previous layer's MLP output,
+  // or the embedding's).
+  HiddenDropout InputDrop(const Slot& s, int l) const {
+    const int g = layers_[l].global_index();
+    return g > 0 ? Drop(s, g - 1, 2) : Drop(s, -1, 0);
+  }
+
+  const ckpt::ModelLayout& layout_;
+  ParamStore* params_;
+  Bf16Options opt_;
+  ModelSpec spec_;
+  bool first_stage_ = true, last_stage_ = true;
+  int first_layer_ = 0;
+  RowGeometry geo_;
+  // Declared before everything that allocates: freed last.
+  DeviceMemory memory_;
+  OpProfile prof_;
+  Matmul mm_;
+  std::unique_ptr<TensorParallel> tp_;
+  std::unique_ptr<CoreAttention> attention_;
+  ModuleContext ctx_;
+
+  // bf16 copy of the whole flat parameter buffer, shared by the chunks of a stage (the first one
+  // allocates it; the optimizer keeps it in step); converted anew after the fp32 weights were
+  // rewritten, gathered from the other DP ranks after a distributed-optimizer step (by the
+  // gradient reducer, on StepBegins).
+  bf16* w16_ = nullptr;
+  bool owns_w16_ = false;
+  uint64_t w16_version_ = 0;  // ParamStore::weights_version() it reflects
+  StageTensors<bf16> stage_;  // embeddings, final norm, output layer (bf16 copy)
+
+  std::vector<TransformerLayer> layers_;
+  std::unique_ptr<Embedding> embedding_;
+  std::unique_ptr<Norm> final_norm_;
+  std::unique_ptr<OutputHead> head_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::unique_ptr<TransformerLayer::Acts> shared_acts_;  // recomputed layers
+  bf16* shared_act_ = nullptr;                           // --recompute-gelu
+  bf16 *junk_ = nullptr, *lnf_full_ = nullptr, *dlnf_full_ = nullptr;
+  bf16* dx_ = nullptr;  // the residual stream's gradient, this rank's rows
+  bf16 *recv_input_, *recv_grad_;
+  int64_t recomputed_ = 0;
+};
+
+Bf16Model::Bf16Model(const ckpt::ModelLayout& layout, ParamStore* params,
+                     const Bf16Options& options, std::unique_ptr<CoreAttention> attention)
+    : layout_(layout),
+      params_(params),
+      opt_(options),
+      spec_(ModelSpecFromConfig(layout.config(), layout.padded_vocab_size())),
+      prof_(options.profile_ops),
+      attention_(std::move(attention)) {
+  const ckpt::ParallelConfig& p = layout.parallel();
+  NcclCommunicator* tp = AsNccl(opt_.tp);
+  const int tp_size = tp != nullptr && tp->size() > 1 ? tp->size() : 1;
+  const int tp_rank = tp_size > 1 ? tp->rank() : 0;
+  const bool sp = opt_.model.sequence_parallel && tp_size > 1;
+  first_stage_ = opt_.pp_rank == 0 && opt_.virtual_chunk == 0;
+  last_stage_ = opt_.pp_rank == p.pp - 1 && opt_.virtual_chunk == p.vpp - 1;
+  const int64_t b = opt_.model.micro_batch, t = opt_.model.seq_length, n = b * t;
+  const int64_t h = spec_.hidden;
+  geo_.rows = n;
+  geo_.local_rows = sp ? n / tp_size : n;
+  geo_.row_offset = sp ? tp_rank * geo_.local_rows : 0;
+  geo_.hidden = h;
+  tp_ = std::make_unique<TensorParallel>(tp, sp, geo_, opt_.tp_copy_engine, &prof_);
+  const int64_t rows_l = geo_.local_rows;
+  const int64_t vocab_l = spec_.padded_vocab / tp_size;
+
+  if (params_->bf16_copy() == nullptr) {
+    w16_ = memory_.Alloc<bf16>(params_->size());
+    params_->set_bf16_copy(reinterpret_cast<uint16_t*>(w16_));
+    owns_w16_ = true;
+  } else {
+    w16_ = reinterpret_cast<bf16*>(params_->bf16_copy());
+  }
+  auto w16 = [&](const std::string& name) -> const bf16* {
+    const float* q = params_->Param(name);
+    return q ? w16_ + (q - params_->data()) : nullptr;
+  };
+  auto f32 = [&](const std::string& name) -> const float* { return params_->Param(name); };
+  auto grad = [&](const std::string& name) { return params_->Grad(name); };
+  stage_ = BindStageTensors<bf16>(*params_, first_stage_, last_stage_, w16, f32, grad);
+
+  // Shared buffers and scratch, sized for the widest layer of the chunk.
+  const auto [first, last] = layout.StageLayers(opt_.pp_rank, opt_.virtual_chunk);
+  first_layer_ = first;
+  int64_t qkv_width = 0, attn_width = 0, ffn = 0;
+  for (int i = first; i < last; ++i) {
+    const LayerShard shard = ShardOf(spec_.layers[i], tp_size);
+    qkv_width = std::max(qkv_width, shard.qkv_width);
+    attn_width = std::max(attn_width, shard.attn_width);
+    ffn = std::max(ffn, shard.fc1_width);
+  }
+  ctx_.memory = &memory_;
+  ctx_.linear.mm = &mm_;
+  ctx_.linear.tp = tp_.get();
+  ctx_.linear.prof = &prof_;
+  ctx_.batch = b;
+  ctx_.seq = t;
+  RowParallelBuffers& row_out = ctx_.row_out;
+  row_out.partial = memory_.Alloc<bf16>(n * h);
+  if (sp && tp_size == 2) {  // partial sums exchanged with the peer (RowParallelLinear)
+    row_out.local = tp_->LocalRows(row_out.partial);
+    row_out.peer = memory_.Alloc<bf16>(rows_l * h);
+  } else {
+    row_out.local = sp ? memory_.Alloc<bf16>(rows_l * h) : row_out.partial;
+  }
+  junk_ = memory_.Alloc<bf16>(rows_l * h);
+  if (last_stage_) {
+    lnf_full_ = sp ? memory_.Alloc<bf16>(n * h) : nullptr;
+    dlnf_full_ = memory_.Alloc<bf16>(n * h);
+  }
+  dx_ = memory_.Alloc<bf16>(rows_l * h);
+  // Under SP this rank's rows of the branch gradient sit in place inside the gathered buffer.
+  ctx_.dbranch_full = memory_.Alloc<bf16>(sp ? n * h : rows_l * h);
+  ctx_.dln = memory_.Alloc<bf16>(n * h);
+  ctx_.dqkv = memory_.Alloc<bf16>(n * qkv_width);
+  ctx_.datt = memory_.Alloc<bf16>(n * attn_width);
+  ctx_.dfc = memory_.Alloc<bf16>(n * ffn);
+  recv_input_ = memory_.Alloc<bf16>(rows_l * h);
+  recv_grad_ = memory_.Alloc<bf16>(rows_l * h);
+  const int64_t widest = std::max<int64_t>(qkv_width, std::max(ffn, h));
+  const size_t scratch_bytes =
+      std::max({LayerNormBackwardScratchBytes(rows_l, h), ColumnSumScratchBytes(n, widest),
+                EmbeddingBackwardScratchBytes(n, h), size_t{1} << 20});
+  ctx_.linear.scratch = {memory_.Alloc<char>(scratch_bytes), scratch_bytes};
+  ctx_.linear.bias_grad = memory_.Alloc<float>(widest);
+  ctx_.attn_workspace = memory_.Alloc<char>(attention_->workspace_bytes());
+
+  const int recompute = std::min(opt_.model.recompute_layers, last - first);
+  layers_.reserve(last - first);
+  for (int i = first; i < last; ++i) {
+    LayerTensors<bf16> w;
+    BindLayerTensors(&w, i, w16, f32, grad);
+    layers_.emplace_back(ctx_, spec_.layers[i], ShardOf(spec_.layers[i], tp_size), attention_.get(),
+                         w, i - first < recompute);
+  }
+  if (first_stage_) {
+    embedding_ = std::make_unique<Embedding>(ctx_, h, vocab_l, stage_.word_emb, stage_.pos_emb,
+                                             stage_.d_word_emb, stage_.d_pos_emb);
+  }
+  if (last_stage_) {
+    final_norm_ = std::make_unique<Norm>(ctx_, spec_.final_norm, h, stage_.lnf_w, stage_.lnf_b,
+                                         stage_.d_lnf_w, stage_.d_lnf_b);
+    const int64_t chunk_rows = opt_.logits_chunk_rows > 0
+                                   ? std::min<int64_t>(n, opt_.logits_chunk_rows)
+                                   // up to 2 GiB of bf16 logits at a time
+                                   : std::clamp<int64_t>((int64_t{1} << 30) / vocab_l, 1, n);
+    head_ =
+        std::make_unique<OutputHead>(ctx_, h, vocab_l, chunk_rows, stage_.out_w, stage_.d_out_w);
+  }
+  LT_CUDA_CHECK(cudaStreamSynchronize(MainStream()));
+}
+
+Bf16Model::~Bf16Model() {
+  cudaStreamSynchronize(MainStream());
+  if (owns_w16_) params_->set_bf16_copy(nullptr);
+  for (const auto& s : slots_) {
+    if (!s) continue;
+    cudaFreeHost(s->host_ids);
+    cudaEventDestroy(s->ids_copied);
+  }
+}
+
+// Slots are allocated on first use; the schedule uses at most min(micro-batches, warm-up + 1).
+Bf16Model::Slot& Bf16Model::GetSlot(int index) {
+  if (index < static_cast<int>(slots_.size()) && slots_[index]) return *slots_[index];
+  if (index >= static_cast<int>(slots_.size())) slots_.resize(index + 1);
+  auto s = std::make_unique<Slot>();
+  const int64_t n = geo_.rows, rows_l = geo_.local_rows, h = geo_.hidden;
+  s->tokens = memory_.Alloc<int32_t>(n);
+  s->labels = memory_.Alloc<int32_t>(n);
+  LT_CUDA_CHECK(cudaMallocHost(&s->host_ids, 2 * n * sizeof(int32_t)));
+  LT_CUDA_CHECK(cudaEventCreateWithFlags(&s->ids_copied, cudaEventDisableTiming));
+  for (size_t l = 0; l <= layers_.size(); ++l) s->x.push_back(memory_.Alloc<bf16>(rows_l * h));
+  for (const TransformerLayer& layer : layers_) {
+    // With GELU recomputation every layer shares one activation buffer, rebuilt in the backward.
+    if (opt_.recompute_gelu && shared_act_ == nullptr) {
+      const LayerShard shard = ShardOf(spec_.layers[layer.global_index()], tp_->size());
+      shared_act_ = memory_.Alloc<bf16>(n * shard.ffn);
+    }
+    if (layer.recompute()) {
+      if (!shared_acts_) {
+        shared_acts_ = std::make_unique<TransformerLayer::Acts>(layer.MakeActs(shared_act_));
+      }
+      s->acts.push_back(*shared_acts_);
+    } else {
+      s->acts.push_back(layer.MakeActs(shared_act_));
+    }
+  }
+  if (last_stage_) {
+    s->lnf = memory_.Alloc<bf16>(tp_->sequence_parallel() ? rows_l * h : n * h);
+    s->dlnf = memory_.Alloc<bf16>(rows_l * h);
+    s->lnf_stats = {memory_.Alloc<float>(rows_l), memory_.Alloc<float>(rows_l)};
+    s->losses = memory_.Alloc<float>(n);
+  }
+  slots_[index] = std::move(s);
+  return *slots_[index];
+}
+
+HiddenDropout Bf16Model::Drop(const Slot& s, int global_layer, int site) const {
+  HiddenDropout d;
+  d.p = s.mb.training ? opt_.model.hidden_dropout : 0.0f;
+  d.seed = DropoutSiteSeed(opt_.model.seed, global_layer, site);
+  d.first_sample = s.mb.first_sample;
+  d.seq_length = opt_.model.seq_length;
+  d.row_offset = geo_.row_offset;
+  return d;
+}
+
+void Bf16Model::BeginStep() {
+  prof_.Step();
+  // Listeners first: the gradient reducer measures the last step and, after a distributed-
+  // optimizer step, starts gathering the other ranks' parts of the weights (and of this copy).
+  Notify([](ModelEvents& e) { e.StepBegins(); });
+  // After a rewrite of the fp32 weights (initialisation, loading) the copy is converted anew (the
+  // first chunk does it for all); after optimizer steps AdamW has written it.
+  if (params_->weights_version() != w16_version_) {
+    if (owns_w16_ && params_->weights_rewritten() > w16_version_)
+      ConvertFromFloat<bf16>(w16_, params_->data(), params_->size(), MainStream());
+    w16_version_ = params_->weights_version();
+  }
+  if (head_) head_->BeginStep();
+}
+
+float Bf16Model::Forward(int slot, const MicroBatch& mb, const float* input) {
+  Slot& s = GetSlot(slot);
+  const int64_t n = geo_.rows, rows_l = geo_.local_rows, h = geo_.hidden;
+  const bool sp = tp_->sequence_parallel();
+  s.mb = mb;
+  int64_t valid = 0;
+  for (int32_t label : mb.labels) valid += label >= 0;
+  s.has_grad = mb.training && valid > 0;
+  s.grad_scale = s.has_grad ? opt_.loss_scale / static_cast<float>(valid) : 0.0f;
+  LT_CUDA_CHECK(cudaEventSynchronize(s.ids_copied));  // the slot's previous copy has run
+  std::memcpy(s.host_ids, mb.tokens.data(), n * sizeof(int32_t));
+  std::memcpy(s.host_ids + n, mb.labels.data(), n * sizeof(int32_t));
+  LT_CUDA_CHECK(cudaMemcpyAsync(s.tokens, s.host_ids, n * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                MainStream()));
+  LT_CUDA_CHECK(cudaMemcpyAsync(s.labels, s.host_ids + n, n * sizeof(int32_t),
+                                cudaMemcpyHostToDevice, MainStream()));
+  LT_CUDA_CHECK(cudaEventRecord(s.ids_copied, MainStream()));
+  Notify([](ModelEvents& e) { e.WeightsNeeded(-1); });
+  if (first_stage_) {
+    embedding_->Forward(s.tokens, s.x[0], Drop(s, -1, 0));
+  } else {
+    LT_CUDA_CHECK(cudaMemcpyAsync(s.x[0], input, rows_l * h * sizeof(bf16),
+                                  cudaMemcpyDeviceToDevice, MainStream()));
+  }
+  const int num_layers = static_cast<int>(layers_.size());
+  if (num_layers > 0) {
+    Notify([](ModelEvents& e) { e.WeightsNeeded(0); });
+    layers_[0].NormInput(nullptr, {s.x[0], nullptr}, nullptr, s.acts[0], Drop(s, -1, 0));
+  }
+  for (int l = 0; l < num_layers; ++l) {
+    const TransformerLayer& layer = layers_[l];
+    const RowParallelOutput mlp =
+        layer.Forward(s.x[l], s.acts[l], Drop(s, layer.global_index(), 1));
+    // The residual add closing layer l, fused with the norm that reads its result.
+    const HiddenDropout drop = Drop(s, layer.global_index(), 2);
+    if (l + 1 < num_layers) {
+      Notify([&](ModelEvents& e) { e.WeightsNeeded(l + 1); });
+      layers_[l + 1].NormInput(s.acts[l].mid, mlp, s.x[l + 1], s.acts[l + 1], drop);
+    } else if (last_stage_) {
+      bf16* out = sp ? lnf_full_ : s.lnf;
+      final_norm_->Forward(s.acts[l].mid, mlp, s.x[l + 1], tp_->LocalRows(out), s.lnf_stats, drop,
+                           out);
+    } else {  // the stage's output x[L]: the fused kernel's norm output is not needed
+      layer.input_norm().Forward(s.acts[l].mid, mlp, s.x[l + 1], junk_, {}, drop);
+    }
+  }
+  if (!last_stage_) return 0.0f;
+  bf16* lnf = sp ? lnf_full_ : s.lnf;
+  if (num_layers == 0)
+    final_norm_->Forward(nullptr, {s.x[0], nullptr}, nullptr, tp_->LocalRows(lnf), s.lnf_stats,
+                         Drop(s, -1, 0), lnf);
+  head_->Forward(lnf, s.labels, s.losses, s.grad_scale, sp ? dlnf_full_ : s.dlnf, s.dlnf);
+  return 0.0f;
+}
+
+void Bf16Model::Backward(int slot, const float* doutput, float loss_scale) {
+  Slot& s = *slots_[slot];
+  Notify([](ModelEvents& e) { e.BackwardBegins(); });
+  const int num_layers = static_cast<int>(layers_.size());
+  const int64_t rows_l = geo_.local_rows, h = geo_.hidden;
+  if (last_stage_ && !s.has_grad) {  // no labelled token: no gradient, the reduction still runs
+    for (int l = num_layers - 1; l >= 0; --l)
+      Notify([&](ModelEvents& e) { e.LayerBackwardDone(l); });
+    Notify([](ModelEvents& e) { e.BackwardDone(); });
+    LT_CUDA_CHECK(cudaMemsetAsync(dx_, 0, rows_l * h * sizeof(bf16), MainStream()));
+    return;
+  }
+  if (loss_scale != opt_.loss_scale) {
+    Die("Bf16Model::Backward", "loss scale differs from the one the forward applied", __FILE__,
+        __LINE__);
+  }
+  const HiddenDropout last_drop =
+      num_layers > 0 ? Drop(s, layers_.back().global_index(), 2) : Drop(s, -1, 0);
+  // The gradient of the last layer's MLP output (all rows), through its dropout.
+  bf16* dbranch = nullptr;
+  if (last_stage_) {
+    dbranch = final_norm_->Backward(dx_, s.dlnf, nullptr, s.x[num_layers], s.lnf_stats, last_drop);
+  } else {  // the next stage's gradient of this stage's output
+    bf16* local = tp_->LocalRows(ctx_.dbranch_full);
+    prof_.Begin("stage input");
+    LT_CUDA_CHECK(cudaMemcpyAsync(dx_, doutput, rows_l * h * sizeof(bf16), cudaMemcpyDeviceToDevice,
+                                  MainStream()));
+    LT_CUDA_CHECK(cudaMemcpyAsync(local, doutput, rows_l * h * sizeof(bf16),
+                                  cudaMemcpyDeviceToDevice, MainStream()));
+    Dropout<bf16>(local, rows_l, h, last_drop, MainStream());
+    dbranch = ctx_.dbranch_full;
+  }
+  prof_.End();
+  for (int l = num_layers - 1; l >= 0; --l) {
+    const TransformerLayer& layer = layers_[l];
+    const TransformerLayer::Acts& a = s.acts[l];
+    if (layer.recompute()) {
+      layer.Recompute(s.x[l], a, Drop(s, layer.global_index(), 1));
+      ++recomputed_;
+    } else if (opt_.recompute_gelu) {
+      layer.RecomputeActivation(a);
+    }
+    dbranch =
+        layer.Backward(dx_, dbranch, s.x[l], a, Drop(s, layer.global_index(), 1), InputDrop(s, l));
+    Notify([&](ModelEvents& e) { e.LayerBackwardDone(l); });
+  }
+  if (first_stage_) embedding_->Backward(dbranch, s.tokens);
+  Notify([](ModelEvents& e) { e.BackwardDone(); });
+}
+
+}  // namespace
+
+absl::Status Bf16Supported(const ckpt::ModelLayout& layout, const Bf16Options& options) {
+  const ckpt::ModelConfig& c = layout.config();
+  const ckpt::ParallelConfig& p = layout.parallel();
+  auto no = [](auto... what) {
+    return absl::UnimplementedError(absl::StrCat("--bf16 on the cuda backend: ", what...));
+  };
+  if (p.tp > 1 && AsNccl(options.tp) == nullptr)
+    return no("tensor parallelism needs NCCL process groups");
+  if (c.normalization != ckpt::NormType::kLayerNorm) return no("RMSNorm is not supported");
+  if (c.swiglu()) return no("SwiGLU is not supported");
+  if (c.position_embedding_type != ckpt::PositionEmbedding::kLearnedAbsolute)
+    return no("rotary position embeddings are not supported");
+  if (c.num_query_groups != c.num_attention_heads)
+    return no("grouped-query attention is not supported");
+  if (options.model.attention_dropout > 0.0f)
+    return no(
+        "attention dropout is not supported by the flash-attention path; pass "
+        "--attention-dropout 0");
+  if (options.model.sequence_parallel &&
+      (options.model.micro_batch * options.model.seq_length) % p.tp != 0)
+    return no("sequence parallelism needs micro-batch x sequence divisible by TP");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<StageModel>> CreateBf16Model(const ckpt::ModelLayout& layout,
+                                                            ParamStore* params,
+                                                            const Bf16Options& options) {
+  if (absl::Status s = Bf16Supported(layout, options); !s.ok()) return s;
+  const ckpt::ModelConfig& c = layout.config();
+  const ckpt::ParallelConfig& p = layout.parallel();
+  absl::StatusOr<std::unique_ptr<FlashAttention>> attention = FlashAttention::Create(
+      options.model.micro_batch, options.model.seq_length, c.num_attention_heads / p.tp,
+      c.num_query_groups / p.tp, c.kv_channels);
+  if (!attention.ok()) return attention.status();
+  return std::unique_ptr<StageModel>(new Bf16Model(layout, params, options, std::move(*attention)));
+}
+
+int64_t DeviceMemoryInUse() {
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) return -1;
+  return static_cast<int64_t>(total_bytes - free_bytes);
+}
+
+}  // namespace leantron::trainer::cuda

@@ -1,0 +1,88 @@
+// Norm, AttentionBlock and MlpBlock of the bf16 model (modules.h).
+#include "trainer/cuda/kernels/kernels.h"
+#include "trainer/cuda/nn/modules.h"
+
+namespace leantron::trainer::cuda {
+
+void Norm::Forward(const bf16* residual, RowParallelOutput branch, bf16* x_out, bf16* out_local,
+                   const Stats& stats, const HiddenDropout& drop, bf16* gather_full) const {
+  const RowGeometry& g = ctx_.rows();
+  ctx_.prof().Begin("residual+layernorm fwd");
+  AddLayerNormForward<bf16>(x_out, out_local, stats.mean, stats.rstd, residual, branch.local, w_,
+                            b_, g.local_rows, h_, spec_.eps, drop, MainStream(), branch.addend);
+  if (gather_full != nullptr) ctx_.tp().GatherRows(gather_full);
+  ctx_.prof().End();
+}
+
+bf16* Norm::Backward(bf16* dx, const bf16* dout, const bf16* dresidual, const bf16* x,
+                     const Stats& stats, const HiddenDropout& drop) const {
+  const RowGeometry& g = ctx_.rows();
+  // With no dropout at the site and no SP the branch's gradient is dx itself: written once.
+  const bool same = !ctx_.tp().sequence_parallel() && drop.p <= 0.0f;
+  bf16* dbranch = ctx_.tp().LocalRows(ctx_.dbranch_full);
+  ctx_.prof().Begin("layernorm bwd");
+  LayerNormBackward<bf16>(dx, same ? nullptr : dbranch, dw_, db_, dout, dresidual, x, w_,
+                          stats.mean, stats.rstd, g.local_rows, h_, drop, ctx_.linear.scratch,
+                          MainStream());
+  return same ? dx : ctx_.dbranch_full;
+}
+
+AttentionBlock::AttentionBlock(const ModuleContext& ctx, const LayerSpec& spec,
+                               const LayerShard& shard, CoreAttention* core,
+                               const LayerTensors<bf16>& w)
+    : ctx_(ctx),
+      core_(core),
+      qkv_(ctx.linear, spec.hidden, shard.qkv_width, w.qkv_w, w.qkv_b, w.d_qkv_w, w.d_qkv_b),
+      proj_(ctx.linear, ctx.row_out, shard.attn_width, spec.hidden, w.proj_w, w.proj_b, w.d_proj_w,
+            w.d_proj_b) {}
+
+RowParallelOutput AttentionBlock::Forward(bf16* in, const Acts& a) const {
+  qkv_.Forward("matmul fwd qkv", in, a.qkv);
+  ctx_.prof().Begin("attention fwd");
+  core_->Forward(a.att, a.stats, a.qkv, ctx_.attn_workspace);
+  return proj_.Forward("matmul fwd proj", a.att);
+}
+
+void AttentionBlock::Backward(bf16* dout, const bf16* in, const Acts& a, bf16* din) const {
+  proj_.Backward("matmul bwd proj", dout, a.att, ctx_.datt);
+  ctx_.prof().Begin("attention bwd");
+  core_->Backward(ctx_.dqkv, ctx_.datt, a.qkv, a.att, a.stats, ctx_.attn_workspace);
+  qkv_.Backward("matmul bwd qkv", ctx_.dqkv, in, din);
+}
+
+MlpBlock::MlpBlock(const ModuleContext& ctx, const LayerSpec& spec, const LayerShard& shard,
+                   const LayerTensors<bf16>& w)
+    : ctx_(ctx),
+      ffn_(shard.ffn),
+      tanh_(spec.mlp.activation == ckpt::Activation::kGeluTanh),
+      fc1_(ctx.linear, spec.hidden, shard.fc1_width, w.fc1_w, w.fc1_b, w.d_fc1_w, w.d_fc1_b),
+      fc2_(ctx.linear, ctx.row_out, shard.ffn, spec.hidden, w.fc2_w, w.fc2_b, w.d_fc2_w,
+           w.d_fc2_b) {}
+
+RowParallelOutput MlpBlock::Forward(bf16* in, const Acts& a) const {
+  if (tanh_) {  // GELU in the product's epilogue
+    fc1_.ForwardGelu("matmul fwd fc1", in, a.pre, a.act);
+  } else {
+    fc1_.Forward("matmul fwd fc1", in, a.pre);
+    ctx_.prof().Begin("gelu");
+    GeluForward<bf16>(a.act, a.pre, ctx_.rows().rows * ffn_, false, MainStream());
+  }
+  return fc2_.Forward("matmul fwd fc2", a.act);
+}
+
+void MlpBlock::RecomputeActivation(const Acts& a) const {
+  ctx_.prof().Begin("gelu");
+  GeluForward<bf16>(a.act, a.pre, ctx_.rows().rows * ffn_, tanh_, MainStream());
+}
+
+void MlpBlock::Backward(bf16* dout, const bf16* in, const Acts& a, bf16* din) const {
+  // With tanh GELU its derivative is applied in fc2's data-gradient epilogue.
+  fc2_.Backward("matmul bwd fc2", dout, a.act, ctx_.dfc, tanh_ ? a.pre : nullptr);
+  if (!tanh_) {
+    ctx_.prof().Begin("gelu");
+    GeluBackward<bf16>(ctx_.dfc, ctx_.dfc, a.pre, ctx_.rows().rows * ffn_, false, MainStream());
+  }
+  fc1_.Backward("matmul bwd fc1", ctx_.dfc, in, din);
+}
+
+}  // namespace leantron::trainer::cuda

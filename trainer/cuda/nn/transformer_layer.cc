@@ -1,0 +1,71 @@
+#include "trainer/cuda/nn/transformer_layer.h"
+
+namespace leantron::trainer::cuda {
+
+TransformerLayer::TransformerLayer(const ModuleContext& ctx, const LayerSpec& spec,
+                                   const LayerShard& shard, CoreAttention* core,
+                                   const LayerTensors<bf16>& w, bool recompute)
+    : ctx_(ctx),
+      w_(w),
+      shard_(shard),
+      recompute_(recompute),
+      input_norm_(ctx, spec.input_norm, spec.hidden, w.ln1_w, w.ln1_b, w.d_ln1_w, w.d_ln1_b),
+      pre_mlp_norm_(ctx, spec.pre_mlp_norm, spec.hidden, w.ln2_w, w.ln2_b, w.d_ln2_w, w.d_ln2_b),
+      attention_(ctx, spec, shard, core, w),
+      mlp_(ctx, spec, shard, w) {}
+
+TransformerLayer::Acts TransformerLayer::MakeActs(bf16* shared_act) const {
+  DeviceMemory& m = *ctx_.memory;
+  const RowGeometry& g = ctx_.rows();
+  const int64_t n = g.rows, h = g.hidden;
+  Acts a;
+  a.ln1 = m.Alloc<bf16>(n * h);
+  a.attention.qkv = m.Alloc<bf16>(n * shard_.qkv_width);
+  a.attention.att = m.Alloc<bf16>(n * shard_.attn_width);
+  a.mid = m.Alloc<bf16>(g.local_rows * h);
+  a.ln2 = m.Alloc<bf16>(n * h);
+  a.mlp.pre = m.Alloc<bf16>(n * shard_.fc1_width);
+  a.mlp.act = shared_act != nullptr ? shared_act : m.Alloc<bf16>(n * shard_.ffn);
+  a.ln1_stats = {m.Alloc<float>(g.local_rows), m.Alloc<float>(g.local_rows)};
+  a.ln2_stats = {m.Alloc<float>(g.local_rows), m.Alloc<float>(g.local_rows)};
+  a.attention.stats = m.Alloc<float>(ctx_.batch * shard_.heads * ctx_.seq);
+  return a;
+}
+
+void TransformerLayer::NormInput(const bf16* residual, RowParallelOutput branch, bf16* x_out,
+                                 const Acts& a, const HiddenDropout& drop) const {
+  input_norm_.Forward(residual, branch, x_out, ctx_.tp().LocalRows(a.ln1), a.ln1_stats, drop);
+}
+
+RowParallelOutput TransformerLayer::Forward(const bf16* x, const Acts& a,
+                                            const HiddenDropout& attention_drop) const {
+  const RowParallelOutput attention = attention_.Forward(a.ln1, a.attention);
+  pre_mlp_norm_.Forward(x, attention, a.mid, ctx_.tp().LocalRows(a.ln2), a.ln2_stats,
+                        attention_drop);
+  const RowParallelOutput mlp = mlp_.Forward(a.ln2, a.mlp);
+  ctx_.prof().End();
+  return mlp;
+}
+
+void TransformerLayer::Recompute(const bf16* x, const Acts& a,
+                                 const HiddenDropout& attention_drop) const {
+  ctx_.prof().Begin("recompute");
+  // x as it was stored: the norm of it alone (no residual add, so no dropout is applied).
+  NormInput(nullptr, {x, nullptr}, nullptr, a, HiddenDropout{});
+  Forward(x, a, attention_drop);
+}
+
+bf16* TransformerLayer::Backward(bf16* dx, bf16* dmlp_out, const bf16* x, const Acts& a,
+                                 const HiddenDropout& attention_drop,
+                                 const HiddenDropout& input_drop) const {
+  TensorParallel& tp = ctx_.tp();
+  mlp_.Backward(dmlp_out, a.ln2, a.mlp, ctx_.dln);
+  bf16* dattention_out =
+      pre_mlp_norm_.Backward(dx, tp.LocalRows(ctx_.dln), dx, a.mid, a.ln2_stats, attention_drop);
+  attention_.Backward(dattention_out, a.ln1, a.attention, ctx_.dln);
+  bf16* dinput = input_norm_.Backward(dx, tp.LocalRows(ctx_.dln), dx, x, a.ln1_stats, input_drop);
+  ctx_.prof().End();
+  return dinput;
+}
+
+}  // namespace leantron::trainer::cuda

@@ -1,0 +1,64 @@
+// One pre-norm transformer layer of the bf16 model, composed of modules (modules.h):
+//   mid = x + dropout(attention(input_norm(x)));  y = mid + dropout(mlp(pre_mlp_norm(mid)))
+// The residual add that closes a layer is fused with the norm that reads its result: the next
+// layer's input norm (or the final norm), so Forward returns the MLP's output unfinished and the
+// caller completes it with the next norm (NormInput of the next layer). Likewise Backward starts
+// from the gradient of the MLP's output that the next norm's backward produced.
+#pragma once
+
+#include "trainer/core/layer_spec.h"
+#include "trainer/core/params.h"
+#include "trainer/cuda/nn/modules.h"
+
+namespace leantron::trainer::cuda {
+
+class TransformerLayer {
+ public:
+  // One micro-batch's activations of the layer (a shared set for recomputed layers).
+  struct Acts {
+    bf16 *ln1 = nullptr, *ln2 = nullptr;  // the norms' outputs, all rows
+    bf16* mid = nullptr;                  // the residual stream between the blocks, local rows
+    Norm::Stats ln1_stats, ln2_stats;
+    AttentionBlock::Acts attention;
+    MlpBlock::Acts mlp;
+  };
+  TransformerLayer(const ModuleContext& ctx, const LayerSpec& spec, const LayerShard& shard,
+                   CoreAttention* core, const LayerTensors<bf16>& w, bool recompute);
+  const LayerTensors<bf16>& tensors() const { return w_; }
+  int global_index() const { return w_.global_index; }
+  bool recompute() const { return recompute_; }
+  const Norm& input_norm() const { return input_norm_; }
+  // Activations for one micro-batch; `shared_act`, when given, is the MLP activation buffer every
+  // layer shares (GELU recomputation).
+  Acts MakeActs(bf16* shared_act) const;
+
+  // The input norm: x = residual + dropout(branch) into x_out (or x = branch.local without a
+  // residual), then a.ln1 (this rank's rows; the QKV product gathers the rest).
+  void NormInput(const bf16* residual, RowParallelOutput branch, bf16* x_out, const Acts& a,
+                 const HiddenDropout& drop) const;
+  // From a.ln1 (the input norm of x, done): the attention block, the residual + pre-MLP norm (mid
+  // = x + dropout(attention), `attention_drop` the site's mask), the MLP block. Returns the MLP's
+  // output, before its dropout and the residual add.
+  RowParallelOutput Forward(const bf16* x, const Acts& a,
+                            const HiddenDropout& attention_drop) const;
+  // The whole forward again from x (full recomputation; the MLP's output is not needed).
+  void Recompute(const bf16* x, const Acts& a, const HiddenDropout& attention_drop) const;
+  // Rebuilds the MLP activation (GELU recomputation).
+  void RecomputeActivation(const Acts& a) const { mlp_.RecomputeActivation(a.mlp); }
+  // From dx = d(y) and `dmlp_out` (all rows) = d(MLP output) through its dropout: dx becomes d(x),
+  // and the gradient of the branch that fed x (through `input_drop`, that branch's dropout) is
+  // returned as all rows (Norm::Backward).
+  bf16* Backward(bf16* dx, bf16* dmlp_out, const bf16* x, const Acts& a,
+                 const HiddenDropout& attention_drop, const HiddenDropout& input_drop) const;
+
+ private:
+  const ModuleContext& ctx_;
+  LayerTensors<bf16> w_;
+  LayerShard shard_;
+  bool recompute_;
+  Norm input_norm_, pre_mlp_norm_;
+  AttentionBlock attention_;
+  MlpBlock mlp_;
+};
+
+}  // namespace leantron::trainer::cuda

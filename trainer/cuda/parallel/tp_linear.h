@@ -1,0 +1,98 @@
+// The bf16 model's tensor-parallel linear layers (Megatron's ColumnParallelLinear and
+// RowParallelLinear), shared by the attention and MLP blocks, with their communication overlapped
+// with the products beside it:
+//   ColumnParallelLinear  W's rows split over TP. Forward: under SP the input's rows are gathered
+//     around the ring while each arrived block is multiplied. Backward: the input gradient's TP
+//     reduction (reduce-scatter under SP) runs while the weight gradient is computed; on two GPUs
+//     of one node the rows the peer keeps are computed first and sent while the rest is.
+//   RowParallelLinear  W's columns split. Forward: partial sums of all rows, reduced over TP; under
+//     SP on two ranks the rows the peer keeps are computed first and sent while this rank's are,
+//     and the sum is left as two addends for the next fused residual + norm kernel. Backward:
+//     under SP the output gradient's rows are gathered around the ring block by block, each
+//     multiplied as it arrives.
+// Rows are the micro-batch's tokens; "all rows" buffers hold every token, with this rank's rows
+// (TensorParallel::LocalRows) in place under SP.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "trainer/cuda/cuda_util.h"
+#include "trainer/cuda/matmul.h"
+#include "trainer/cuda/op_profile.h"
+#include "trainer/cuda/parallel/tensor_parallel.h"
+
+namespace leantron::trainer::cuda {
+
+// What every linear layer of a model shares: the products, the TP communication, the profile,
+// and scratch for bias gradients.
+struct LinearContext {
+  Matmul* mm = nullptr;
+  TensorParallel* tp = nullptr;
+  OpProfile* prof = nullptr;
+  float* bias_grad = nullptr;  // [widest output], the epilogue's bias gradient before it is added
+  Scratch scratch;             // ColumnSumAccumulate's partial sums
+};
+
+// A row-parallel output: this rank's rows of the sum are `local` plus `addend` (null when `local`
+// holds the sum alone).
+struct RowParallelOutput {
+  const bf16* local = nullptr;
+  const bf16* addend = nullptr;
+};
+
+// The output buffers every row-parallel layer of a model shares.
+struct RowParallelBuffers {
+  bf16* partial = nullptr;  // [rows, n] partial sums of all rows
+  bf16* local = nullptr;    // this rank's rows of the sum (inside `partial` where it can be)
+  bf16* peer = nullptr;     // SP on two ranks: the peer's partial sums of this rank's rows
+};
+
+class ColumnParallelLinear {
+ public:
+  ColumnParallelLinear(const LinearContext& ctx, int64_t k, int64_t n, const bf16* w, const bf16* b,
+                       float* dw, float* db)
+      : ctx_(ctx), k_(k), n_(n), w_(w), b_(b), dw_(dw), db_(db) {}
+  // out [rows, n] = in · Wᵀ + b; `in` is all rows (under SP only this rank's are present yet: the
+  // ring gathers the rest in place).
+  void Forward(const char* op, bf16* in, bf16* out) const;
+  // The same with tanh GELU in the epilogue: pre = in · Wᵀ + b, out = gelu(pre).
+  void ForwardGelu(const char* op, bf16* in, bf16* pre, bf16* out) const;
+  // din = dout · W reduced over TP (this rank's rows in place inside the all-rows `din`; all rows
+  // without SP), dW += doutᵀ · in and db += Σ dout meanwhile.
+  void Backward(const char* op, const bf16* dout, const bf16* in, bf16* din) const;
+
+ private:
+  const LinearContext& ctx_;
+  int64_t k_, n_;
+  const bf16 *w_, *b_;
+  float *dw_, *db_;
+};
+
+class RowParallelLinear {
+ public:
+  RowParallelLinear(const LinearContext& ctx, const RowParallelBuffers& out, int64_t k, int64_t n,
+                    const bf16* w, const bf16* b, float* dw, float* db)
+      : ctx_(ctx), out_(out), k_(k), n_(n), w_(w), b_(b), dw_(dw), db_(db) {}
+  // Σ_TP in · Wᵀ (+ b, added once by TP rank 0), `in` [rows, k] all rows.
+  RowParallelOutput Forward(const char* op, const bf16* in) const;
+  // din [rows, k] = dout · W (with `gelu_pre`, times tanh GELU's derivative at it, in the
+  // epilogue), dW += doutᵀ · in, db += Σ dout. `dout` is all rows; under SP only this rank's are
+  // present and the ring gathers the rest in place, block by block, each multiplied on arrival.
+  void Backward(const char* op, bf16* dout, const bf16* in, bf16* din,
+                const bf16* gelu_pre = nullptr) const;
+
+ private:
+  const LinearContext& ctx_;
+  const RowParallelBuffers& out_;
+  int64_t k_, n_;
+  const bf16 *w_, *b_;
+  float *dw_, *db_;
+};
+
+// dW += doutᵀ·in and db += Σ_rows dout over all rows (db may be null): the bias gradient from
+// cuBLASLt's epilogue when it has one for this shape, else a column-sum kernel.
+void WeightGrad(const LinearContext& ctx, float* dw, float* db, const bf16* dout, const bf16* in,
+                int64_t k, int64_t n);
+
+}  // namespace leantron::trainer::cuda
