@@ -2,8 +2,6 @@
 // bf16-rounded inputs: forward output, softmax statistics (log-sum-exp), the qkv gradient, and
 // bitwise repeatability of the backward. Outputs are poisoned with NaN bit patterns before every
 // run, so an element the GPU does not write fails the comparison.
-#include "trainer/cuda/nn/flash_attention.h"
-
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -17,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "trainer/cuda/nn/flash_attention.h"
 #include "trainer/reference/ops.h"
 
 namespace leantron::trainer::cuda {

@@ -1,0 +1,121 @@
+// The `train` command line: inconsistent settings refused with one line naming the numbers.
+#include "trainer/core/args.h"
+
+#include "CLI/CLI.hpp"
+#include "gtest/gtest.h"
+
+namespace leantron::trainer {
+namespace {
+
+absl::Status Check(std::vector<std::string> argv, int world) {
+  CLI::App app;
+  TrainArgs args;
+  AddTrainFlags(app, &args);
+  std::vector<std::string> full = {"train", "--num-layers",          "4",  "--hidden-size",
+                                   "64",    "--num-attention-heads", "4",  "--seq-length",
+                                   "32",    "--train-iters",         "10", "--lr",
+                                   "1e-3",  "--global-batch-size",   "8",  "--mock-data"};
+  full.insert(full.end(), argv.begin(), argv.end());
+  std::vector<const char*> c;
+  for (const std::string& s : full) c.push_back(s.c_str());
+  app.parse(static_cast<int>(c.size()), c.data());
+  args.world_size = world;
+  return ValidateTrainArgs(&args);
+}
+
+TEST(ArgsTest, InconsistentSettingsAreRefusedWithOneLine) {
+  EXPECT_TRUE(Check({}, 1).ok());
+  EXPECT_TRUE(
+      Check({"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"}, 8).ok());
+  auto msg = [](const absl::Status& s) { return std::string(s.message()); };
+  EXPECT_EQ(msg(Check({"--tensor-model-parallel-size", "3"}, 3)),
+            "--num-attention-heads 4 is not divisible by TP 3");
+  EXPECT_EQ(msg(Check({"--pipeline-model-parallel-size", "3"}, 3)),
+            "--num-layers 4 is not divisible by PP 3");
+  EXPECT_EQ(msg(Check({"--micro-batch-size", "3"}, 1)),
+            "--global-batch-size 8 is not divisible by micro-batch 3 x DP 1");
+  EXPECT_EQ(msg(Check({"--tensor-model-parallel-size", "2"}, 3)),
+            "world size 3 is not divisible by TP 2 x PP 1");
+  EXPECT_FALSE(Check({"--data-path", "x"}, 1).ok());  // both --mock-data and --data-path
+  EXPECT_EQ(msg(Check({"--fp16"}, 1)), "--fp16 is not implemented (loss scaling); use --bf16");
+  EXPECT_EQ(msg(Check({"--bf16", "--ops-backend", "cpu"}, 1)), "--bf16 needs --ops-backend cuda");
+  EXPECT_TRUE(Check({"--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
+                     "--group-query-attention", "--num-query-groups", "2"},
+                    1)
+                  .ok());
+  EXPECT_EQ(msg(Check({"--group-query-attention", "--num-query-groups", "2",
+                       "--tensor-model-parallel-size", "4"},
+                      4)),
+            "--num-query-groups 2 is not divisible by TP 4");
+  EXPECT_FALSE(Check({"--max-position-embeddings", "16"}, 1).ok());
+  EXPECT_FALSE(Check({"--lr-decay-style", "WSD"}, 1).ok());
+}
+
+TEST(ArgsTest, UnevenPipelineSplitIsCheckedLikeMegatronCore) {
+  auto msg = [](const absl::Status& s) { return std::string(s.message()); };
+  // 4 layers: 3 + 1, 1 + 3, 1 + 2 + 1 (both, one middle stage), 2 + 1 + 1 (first, two others).
+  EXPECT_TRUE(
+      Check({"--pipeline-model-parallel-size", "2", "--decoder-last-pipeline-num-layers", "1"}, 2)
+          .ok());
+  EXPECT_TRUE(
+      Check({"--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "1"}, 2)
+          .ok());
+  EXPECT_TRUE(Check({"--pipeline-model-parallel-size", "3", "--decoder-first-pipeline-num-layers",
+                     "1", "--decoder-last-pipeline-num-layers", "1"},
+                    3)
+                  .ok());
+  EXPECT_TRUE(
+      Check({"--pipeline-model-parallel-size", "3", "--decoder-first-pipeline-num-layers", "2"}, 3)
+          .ok());
+  EXPECT_EQ(
+      msg(Check({"--pipeline-model-parallel-size", "3", "--decoder-last-pipeline-num-layers", "1"},
+                3)),
+      "--num-layers 4 minus --decoder-last-pipeline-num-layers 1 leaves 3 layers, which do not "
+      "split evenly over the other 2 pipeline stages of PP 3 (at least 1 layer each)");
+  EXPECT_EQ(
+      msg(Check({"--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "4"},
+                2)),
+      "--num-layers 4 minus --decoder-first-pipeline-num-layers 4 leaves 0 layers, which do "
+      "not split evenly over the other 1 pipeline stage of PP 2 (at least 1 layer each)");
+  EXPECT_EQ(msg(Check({"--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers",
+                       "1", "--decoder-last-pipeline-num-layers", "2"},
+                      2)),
+            "--decoder-first-pipeline-num-layers 1 and --decoder-last-pipeline-num-layers 2 must "
+            "add up to --num-layers 4 with PP 2");
+  EXPECT_EQ(msg(Check({"--decoder-last-pipeline-num-layers", "2"}, 1)),
+            "--decoder-last-pipeline-num-layers 2 needs PP > 1");
+  EXPECT_EQ(
+      msg(Check({"--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "0"},
+                2)),
+      "--decoder-first-pipeline-num-layers must be at least 1, not 0");
+  EXPECT_EQ(
+      msg(Check({"--pipeline-model-parallel-size", "2", "--decoder-last-pipeline-num-layers", "-1"},
+                2)),
+      "--decoder-last-pipeline-num-layers must be at least 1, not -1");
+  EXPECT_EQ(
+      msg(Check({"--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage",
+                 "1", "--decoder-last-pipeline-num-layers", "1"},
+                2)),
+      "--decoder-last-pipeline-num-layers 1 does not work with "
+      "--num-layers-per-virtual-pipeline-stage");
+  // With the flags, --num-layers need not be divisible by PP.
+  EXPECT_TRUE(Check({"--num-layers", "7", "--pipeline-model-parallel-size", "2",
+                     "--decoder-last-pipeline-num-layers", "3"},
+                    2)
+                  .ok());
+  // What reaches the layout and the checkpoint's args.
+  CLI::App app;
+  TrainArgs args;
+  AddTrainFlags(app, &args);
+  app.parse("--pipeline-model-parallel-size 3 --decoder-first-pipeline-num-layers 2", false);
+  const ckpt::ParallelConfig p = ParallelConfigFromArgs(args);
+  EXPECT_EQ(p.pp, 3);
+  EXPECT_EQ(p.first_stage_layers, 2);
+  EXPECT_EQ(p.last_stage_layers, 0);
+  const std::string json = TrainArgsToJson(args);
+  EXPECT_NE(json.find("\"decoder_first_pipeline_num_layers\": 2"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"decoder_last_pipeline_num_layers\": null"), std::string::npos) << json;
+}
+
+}  // namespace
+}  // namespace leantron::trainer
