@@ -1,0 +1,450 @@
+// Every bf16 module of trainer/cuda/nn alone against its float32 reference module
+// (trainer/reference/modules.h) built from the same LayerSpec, forward and backward, on the GPU:
+// Norm (the residual add and dropout fused in), AttentionBlock, MlpBlock (erf and tanh GELU),
+// Embedding, OutputHead, and a whole TransformerLayer. The reference runs on CpuOps in float32 on
+// the same bf16-rounded inputs and weights; outputs and every parameter gradient must agree within
+// bf16 accuracy (‖got − want‖ / ‖want‖), and GPU outputs are poisoned with NaN first so an
+// element a module does not write fails.
+#include "trainer/cuda/nn/modules.h"
+
+#include <cmath>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "libckpt/layout.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "trainer/core/layer_spec.h"
+#include "trainer/core/params.h"
+#include "trainer/cuda/device_memory.h"
+#include "trainer/cuda/kernels/kernels.h"
+#include "trainer/cuda/matmul.h"
+#include "trainer/cuda/nn/flash_attention.h"
+#include "trainer/cuda/nn/transformer_layer.h"
+#include "trainer/cuda/op_profile.h"
+#include "trainer/cuda/parallel/tensor_parallel.h"
+#include "trainer/reference/modules.h"
+
+namespace leantron::trainer::cuda {
+namespace {
+
+using namespace testutil;
+
+constexpr int64_t kBatch = 2, kSeq = 32, kRows = kBatch * kSeq;
+
+// ‖got − want‖ / ‖want‖ below `tol` (NaN fails).
+::testing::AssertionResult RelClose(const std::vector<float>& got, const std::vector<float>& want,
+                                    double tol) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = static_cast<double>(got[i]) - want[i];
+    num += d * d;
+    den += static_cast<double>(want[i]) * want[i];
+  }
+  const double rel = std::sqrt(num / std::max(den, 1e-30));
+  if (rel < tol) return ::testing::AssertionSuccess() << "relative error " << rel;
+  return ::testing::AssertionFailure() << "relative error " << rel << " (limit " << tol << ")";
+}
+
+HiddenDropout Drop(float p, int site) {
+  HiddenDropout d;
+  d.p = p;
+  d.seed = DropoutSiteSeed(11, 0, site);
+  d.first_sample = 3;
+  d.seq_length = kSeq;
+  return d;
+}
+
+// One tiny GPT-2-style layer and its ends, the weights random, held twice: on the host for the
+// reference (linear weights rounded to bf16, as the bf16 model computes with them) and on the
+// device as the bf16 model holds them (fp32, a bf16 copy, fp32 gradients).
+class ModulesTest : public GpuTest {
+ protected:
+  void Build(ckpt::Activation activation) {
+    config_ = ckpt::Gpt2StyleConfig(1, 64, 4, 100, kSeq);
+    config_.activation = activation;
+    config_.make_vocab_size_divisible_by = 64;
+    config_.untie_embeddings_and_output_weights = true;
+    auto layout = ckpt::ModelLayout::Create(config_, {});
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    layout_ = std::make_unique<ckpt::ModelLayout>(std::move(*layout));
+    spec_ = ModelSpecFromConfig(config_, layout_->padded_vocab_size());
+    shard_ = ShardOf(spec_.layers[0], 1);
+    h_ = spec_.hidden;
+    vocab_ = layout_->padded_vocab_size();
+    params_ = std::make_unique<ParamStore>(cpu_.get(), *layout_, 0, 0, false);
+    params_->Initialize(5, 0.2);
+    // Norms away from (1, 0) so their weights matter.
+    for (const ParamView& v : params_->views()) {
+      if (v.name.find("layernorm") == std::string::npos) continue;
+      const auto r = Rand(v.numel, 60 + static_cast<uint32_t>(v.offset), 0.3f, 1.0f);
+      std::copy(r.begin(), r.end(), params_->data() + v.offset);
+    }
+    const size_t n = params_->size();
+    const std::vector<float> exact(params_->data(), params_->data() + n);
+    rounded_ = RoundT<bf16>(exact);
+    f32_ = std::make_unique<Dev<float>>(exact);
+    b16_ = DevT<bf16>(exact);
+    grad_ = std::make_unique<Dev<float>>(std::vector<float>(n, 0.0f));
+    cpu_->Zero(params_->grad(), n);
+
+    ref_ctx_.ops = cpu_.get();
+    ref_ctx_.tp = self_.get();
+    ref_ctx_.micro_batch = kBatch;
+    ref_ctx_.seq_length = kSeq;
+    ref_ctx_.rows_full = ref_ctx_.rows_local = kRows;
+    for (float** p : {&ref_ws_.tmp_full, &ref_ws_.dfull, &ref_ws_.dfull2}) *p = Host(kRows * h_);
+    ref_ws_.dqkv = Host(kRows * shard_.qkv_width);
+    ref_ws_.dattn = Host(kRows * shard_.attn_width);
+    ref_ws_.dfc1 = Host(kRows * shard_.fc1_width);
+    ref_ws_.dact = Host(kRows * shard_.ffn);
+    BindLayerTensors(
+        &ref_w_, 0, [&](const std::string& s) -> const float* { return At(rounded_.data(), s); },
+        [&](const std::string& s) -> const float* { return At(params_->data(), s); },
+        [&](const std::string& s) { return At(params_->grad(), s); });
+
+    RowGeometry geo{kRows, kRows, 0, h_};
+    tp_ = std::make_unique<TensorParallel>(nullptr, false, geo, false, &prof_);
+    auto attention = FlashAttention::Create(kBatch, kSeq, shard_.heads, shard_.groups, 16);
+    ASSERT_TRUE(attention.ok()) << attention.status();
+    attention_ = std::move(*attention);
+    ctx_.memory = &memory_;
+    ctx_.linear = {&mm_,
+                   tp_.get(),
+                   &prof_,
+                   memory_.Alloc<float>(4 * h_),
+                   {memory_.Alloc<char>(8 << 20), size_t{8} << 20}};
+    ctx_.row_out.partial = ctx_.row_out.local = memory_.Alloc<bf16>(kRows * h_);
+    ctx_.batch = kBatch;
+    ctx_.seq = kSeq;
+    ctx_.dbranch_full = memory_.Alloc<bf16>(kRows * h_);
+    ctx_.dln = memory_.Alloc<bf16>(kRows * h_);
+    ctx_.dqkv = memory_.Alloc<bf16>(kRows * shard_.qkv_width);
+    ctx_.datt = memory_.Alloc<bf16>(kRows * shard_.attn_width);
+    ctx_.dfc = memory_.Alloc<bf16>(kRows * shard_.ffn);
+    ctx_.attn_workspace = memory_.Alloc<char>(attention_->workspace_bytes());
+    BindLayerTensors(
+        &w_, 0, [&](const std::string& s) -> const bf16* { return At(b16_->get(), s); },
+        [&](const std::string& s) -> const float* { return At(f32_->get(), s); },
+        [&](const std::string& s) { return At(grad_->get(), s); });
+  }
+
+  template <typename T>
+  T* At(T* base, const std::string& name) const {
+    const ParamView* v = params_->Find(name);
+    return v == nullptr ? nullptr : base + v->offset;
+  }
+  float* Host(size_t n) { return host_.emplace_back(n, 0.0f).data(); }
+  // Every gradient of `names`, bf16 model's against the reference's.
+  void ExpectGrads(const std::vector<std::string>& names, double tol) {
+    const std::vector<float> got = grad_->Download();
+    for (const std::string& name : names) {
+      const ParamView* v = params_->Find(name);
+      ASSERT_NE(v, nullptr) << name;
+      const std::vector<float> g(got.begin() + v->offset, got.begin() + v->offset + v->numel);
+      const std::vector<float> w(params_->grad() + v->offset,
+                                 params_->grad() + v->offset + v->numel);
+      EXPECT_TRUE(RelClose(g, w, tol)) << "gradient of " << name;
+    }
+  }
+  std::string L(const std::string& s) const { return "decoder.layers.0." + s; }
+
+  ckpt::ModelConfig config_;
+  std::unique_ptr<ckpt::ModelLayout> layout_;
+  ModelSpec spec_;
+  LayerShard shard_;
+  int64_t h_ = 0, vocab_ = 0;
+  std::unique_ptr<ParamStore> params_;
+  std::vector<float> rounded_;
+  std::unique_ptr<Dev<float>> f32_, grad_;
+  std::unique_ptr<Dev<bf16>> b16_;
+  std::unique_ptr<Communicator> self_ = MakeSelfCommunicator();
+  reference::Context ref_ctx_;
+  reference::Workspace ref_ws_;
+  LayerTensors<float> ref_w_;
+  std::vector<std::vector<float>> host_;
+  // The bf16 side.
+  DeviceMemory memory_;
+  OpProfile prof_{false};
+  Matmul mm_;
+  std::unique_ptr<TensorParallel> tp_;
+  std::unique_ptr<CoreAttention> attention_;
+  ModuleContext ctx_;
+  LayerTensors<bf16> w_;
+};
+
+class BlockTest : public ModulesTest, public ::testing::WithParamInterface<ckpt::Activation> {};
+
+TEST_P(BlockTest, MlpBlock) {
+  Build(GetParam());
+  if (HasFatalFailure()) return;
+  const auto x = RoundT<bf16>(Rand(kRows * h_, 1));
+  const auto dy = RoundT<bf16>(Rand(kRows * h_, 2, 0.5f));
+  // Reference.
+  reference::MlpBlock ref(ref_ctx_, ref_ws_, spec_.layers[0], shard_, ref_w_);
+  reference::MlpBlock::Saved rs{const_cast<float*>(x.data()), Host(kRows * shard_.fc1_width),
+                                Host(kRows * shard_.ffn)};
+  std::vector<float> y(kRows * h_), dx(kRows * h_);
+  ref.Forward(y.data(), x.data(), rs);
+  ref.Backward(dx.data(), dy.data(), rs);
+  // bf16.
+  MlpBlock block(ctx_, spec_.layers[0], shard_, w_);
+  Dev<bf16> in(ToT<bf16>(x)), pre(kRows * shard_.fc1_width), act(kRows * shard_.ffn);
+  const MlpBlock::Acts a{pre.get(), act.get()};
+  const RowParallelOutput out = block.Forward(in.get(), a);
+  ASSERT_EQ(out.addend, nullptr);
+  std::vector<bf16> got(kRows * h_);
+  LT_CUDA_CHECK(cudaMemcpy(got.data(), out.local, got.size() * sizeof(bf16), cudaMemcpyDefault));
+  EXPECT_TRUE(RelClose(FromT<bf16>(got), y, 1e-2)) << "output";
+  EXPECT_TRUE(RelClose(
+      DownF(act), FromT<bf16>(ToT<bf16>(std::vector<float>(rs.act, rs.act + kRows * shard_.ffn))),
+      1e-2))
+      << "activation";
+  Dev<bf16> dout(ToT<bf16>(dy));
+  block.Backward(dout.get(), in.get(), a, ctx_.dln);
+  std::vector<bf16> din(kRows * h_);
+  LT_CUDA_CHECK(cudaMemcpy(din.data(), ctx_.dln, din.size() * sizeof(bf16), cudaMemcpyDefault));
+  EXPECT_TRUE(RelClose(FromT<bf16>(din), dx, 2e-2)) << "input gradient";
+  ExpectGrads({L("mlp.linear_fc1.weight"), L("mlp.linear_fc1.bias"), L("mlp.linear_fc2.weight"),
+               L("mlp.linear_fc2.bias")},
+              2e-2);
+}
+
+TEST_P(BlockTest, AttentionBlock) {
+  Build(GetParam());
+  if (HasFatalFailure()) return;
+  const auto x = RoundT<bf16>(Rand(kRows * h_, 3));
+  const auto dy = RoundT<bf16>(Rand(kRows * h_, 4, 0.5f));
+  std::unique_ptr<reference::CoreAttention> core = reference::MakeLocalAttention(ref_ctx_, shard_);
+  reference::AttentionBlock ref(ref_ctx_, ref_ws_, spec_.layers[0], shard_, core.get(), ref_w_);
+  reference::AttentionBlock::Saved rs{const_cast<float*>(x.data()), Host(kRows * shard_.qkv_width),
+                                      Host(kBatch * shard_.heads * kSeq * kSeq),
+                                      Host(kRows * shard_.attn_width)};
+  std::vector<float> y(kRows * h_), dx(kRows * h_);
+  const AttentionDropout none{};
+  ref.Forward(y.data(), x.data(), rs, none);
+  ref.Backward(dx.data(), dy.data(), rs, none);
+
+  AttentionBlock block(ctx_, spec_.layers[0], shard_, attention_.get(), w_);
+  Dev<bf16> in(ToT<bf16>(x)), qkv(kRows * shard_.qkv_width), att(kRows * shard_.attn_width);
+  Dev<float> stats(kBatch * shard_.heads * kSeq);
+  const AttentionBlock::Acts a{qkv.get(), att.get(), stats.get()};
+  const RowParallelOutput out = block.Forward(in.get(), a);
+  std::vector<bf16> got(kRows * h_);
+  LT_CUDA_CHECK(cudaMemcpy(got.data(), out.local, got.size() * sizeof(bf16), cudaMemcpyDefault));
+  EXPECT_TRUE(RelClose(FromT<bf16>(got), y, 1e-2)) << "output";
+  EXPECT_TRUE(RelClose(DownF(qkv), std::vector<float>(rs.qkv, rs.qkv + qkv.size()), 1e-2)) << "qkv";
+  Dev<bf16> dout(ToT<bf16>(dy));
+  block.Backward(dout.get(), in.get(), a, ctx_.dln);
+  std::vector<bf16> din(kRows * h_);
+  LT_CUDA_CHECK(cudaMemcpy(din.data(), ctx_.dln, din.size() * sizeof(bf16), cudaMemcpyDefault));
+  EXPECT_TRUE(RelClose(FromT<bf16>(din), dx, 2e-2)) << "input gradient";
+  ExpectGrads({L("self_attention.linear_qkv.weight"), L("self_attention.linear_qkv.bias"),
+               L("self_attention.linear_proj.weight"), L("self_attention.linear_proj.bias")},
+              2e-2);
+}
+
+// The whole layer: its input norm, attention, the residual + pre-MLP norm, the MLP (its output
+// before the closing residual add), then the backward from d(y) and d(MLP output) to d(x) and the
+// gradient of the branch that fed x, every parameter's gradient too.
+TEST_P(BlockTest, TransformerLayer) {
+  Build(GetParam());
+  if (HasFatalFailure()) return;
+  const float p = 0.1f;
+  const auto x = RoundT<bf16>(Rand(kRows * h_, 5, 1.0f, 0.2f));
+  const auto dy = RoundT<bf16>(Rand(kRows * h_, 6, 0.5f));
+  // The reference layer, written out from its modules as ReferenceModel composes them.
+  const LayerSpec& ls = spec_.layers[0];
+  std::unique_ptr<reference::CoreAttention> core = reference::MakeLocalAttention(ref_ctx_, shard_);
+  reference::Norm norm1(ref_ctx_, ls.input_norm, h_, ref_w_.ln1_w, ref_w_.ln1_b, ref_w_.d_ln1_w,
+                        ref_w_.d_ln1_b);
+  reference::Norm norm2(ref_ctx_, ls.pre_mlp_norm, h_, ref_w_.ln2_w, ref_w_.ln2_b, ref_w_.d_ln2_w,
+                        ref_w_.d_ln2_b);
+  reference::AttentionBlock attn(ref_ctx_, ref_ws_, ls, shard_, core.get(), ref_w_);
+  reference::MlpBlock mlp(ref_ctx_, ref_ws_, ls, shard_, ref_w_);
+  const int64_t n = kRows * h_;
+  float* ln1 = Host(n);
+  float* ln2 = Host(n);
+  float* mid = Host(n);
+  reference::Norm::Saved s1{Host(kRows), Host(kRows)}, s2{Host(kRows), Host(kRows)};
+  reference::AttentionBlock::Saved as{ln1, Host(kRows * shard_.qkv_width),
+                                      Host(kBatch * shard_.heads * kSeq * kSeq),
+                                      Host(kRows * shard_.attn_width)};
+  reference::MlpBlock::Saved ms{ln2, Host(kRows * shard_.fc1_width), Host(kRows * shard_.ffn)};
+  std::vector<float> mlp_out(n);
+  norm1.Forward(ln1, s1, x.data());
+  attn.Forward(mid, ln1, as, AttentionDropout{});
+  cpu_->Dropout(mid, kRows, h_, Drop(p, 1));
+  cpu_->AddInPlace(mid, x.data(), n);
+  norm2.Forward(ln2, s2, mid);
+  mlp.Forward(mlp_out.data(), ln2, ms);
+  // Backward: d(y) passes the closing residual to d(mid); d(MLP output) is d(y) through its
+  // dropout.
+  std::vector<float> dx = dy, dbranch = dy, dx_input(n);
+  cpu_->Dropout(dbranch.data(), kRows, h_, Drop(p, 2));
+  mlp.Backward(dbranch.data(), dbranch.data(), ms);
+  norm2.Backward(dx.data(), dbranch.data(), s2, mid);
+  dbranch = dx;
+  cpu_->Dropout(dbranch.data(), kRows, h_, Drop(p, 1));
+  attn.Backward(dbranch.data(), dbranch.data(), as, AttentionDropout{});
+  norm1.Backward(dx.data(), dbranch.data(), s1, x.data());
+  dx_input = dx;
+  cpu_->Dropout(dx_input.data(), kRows, h_, Drop(p, 0));
+
+  TransformerLayer layer(ctx_, ls, shard_, attention_.get(), w_, false);
+  const TransformerLayer::Acts a = layer.MakeActs(nullptr);
+  Dev<bf16> xd(ToT<bf16>(x));
+  layer.NormInput(nullptr, {xd.get(), nullptr}, nullptr, a, Drop(p, 0));
+  const RowParallelOutput out = layer.Forward(xd.get(), a, Drop(p, 1));
+  std::vector<bf16> got(n), mid_got(n);
+  LT_CUDA_CHECK(cudaMemcpy(got.data(), out.local, n * sizeof(bf16), cudaMemcpyDefault));
+  LT_CUDA_CHECK(cudaMemcpy(mid_got.data(), a.mid, n * sizeof(bf16), cudaMemcpyDefault));
+  EXPECT_TRUE(RelClose(FromT<bf16>(mid_got), std::vector<float>(mid, mid + n), 1e-2)) << "mid";
+  EXPECT_TRUE(RelClose(FromT<bf16>(got), mlp_out, 2e-2)) << "MLP output";
+  Dev<bf16> dxd(ToT<bf16>(dy)), dmlp(ToT<bf16>(dy));
+  Dropout<bf16>(dmlp.get(), kRows, h_, Drop(p, 2), MainStream());
+  bf16* dinput = layer.Backward(dxd.get(), dmlp.get(), xd.get(), a, Drop(p, 1), Drop(p, 0));
+  std::vector<bf16> dinput_got(n);
+  LT_CUDA_CHECK(cudaMemcpy(dinput_got.data(), dinput, n * sizeof(bf16), cudaMemcpyDefault));
+  EXPECT_TRUE(RelClose(DownF(dxd), dx, 3e-2)) << "d(x)";
+  EXPECT_TRUE(RelClose(FromT<bf16>(dinput_got), dx_input, 3e-2)) << "d(input branch)";
+  std::vector<std::string> names;
+  for (const ParamView& v : params_->views())
+    if (v.name.rfind("decoder.layers.0.", 0) == 0) names.push_back(v.name);
+  ExpectGrads(names, 3e-2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Activations, BlockTest,
+                         ::testing::Values(ckpt::Activation::kGelu, ckpt::Activation::kGeluTanh),
+                         [](const auto& info) {
+                           return std::string(info.param == ckpt::Activation::kGelu ? "ErfGelu"
+                                                                                    : "TanhGelu");
+                         });
+
+// x = residual + dropout(branch + addend), the norm of x, and back: d(x) with the residual's
+// gradient added, and the branch's gradient through the dropout.
+TEST_F(ModulesTest, NormWithResidualAndDropout) {
+  Build(ckpt::Activation::kGeluTanh);
+  if (HasFatalFailure()) return;
+  const int64_t n = kRows * h_;
+  const float p = 0.1f;
+  const auto residual = RoundT<bf16>(Rand(n, 7, 1.0f, 0.3f));
+  const auto branch = RoundT<bf16>(Rand(n, 8)), addend = RoundT<bf16>(Rand(n, 9));
+  const auto dout = RoundT<bf16>(Rand(n, 10)), dres = RoundT<bf16>(Rand(n, 11));
+  // Reference: the branch's two addends summed and rounded (as a reduce-scatter would), dropped
+  // out, added to the residual, stored in bf16; then the norm of that.
+  std::vector<float> x = branch;
+  cpu_->AddInPlace(x.data(), addend.data(), n);
+  x = RoundT<bf16>(x);
+  cpu_->Dropout(x.data(), kRows, h_, Drop(p, 1));
+  cpu_->AddInPlace(x.data(), residual.data(), n);
+  x = RoundT<bf16>(x);
+  reference::Norm ref(ref_ctx_, spec_.layers[0].pre_mlp_norm, h_, ref_w_.ln2_w, ref_w_.ln2_b,
+                      ref_w_.d_ln2_w, ref_w_.d_ln2_b);
+  reference::Norm::Saved rs{Host(kRows), Host(kRows)};
+  std::vector<float> y(n), dx = dres;
+  ref.Forward(y.data(), rs, x.data());
+  ref.Backward(dx.data(), dout.data(), rs, x.data());
+  std::vector<float> dbranch = dx;
+  cpu_->Dropout(dbranch.data(), kRows, h_, Drop(p, 1));
+
+  Norm norm(ctx_, spec_.layers[0].pre_mlp_norm, h_, w_.ln2_w, w_.ln2_b, w_.d_ln2_w, w_.d_ln2_b);
+  Dev<bf16> r(ToT<bf16>(residual)), b(ToT<bf16>(branch)), ad(ToT<bf16>(addend));
+  Dev<bf16> xo(n), out(n), dx_dev(ToT<bf16>(dres)), dout_dev(ToT<bf16>(dout));
+  Dev<float> mean(kRows), rstd(kRows);
+  norm.Forward(r.get(), {b.get(), ad.get()}, xo.get(), out.get(), {mean.get(), rstd.get()},
+               Drop(p, 1));
+  EXPECT_TRUE(RelClose(DownF(xo), x, 1e-3)) << "x";
+  EXPECT_TRUE(RelClose(DownF(out), y, 1e-2)) << "norm output";
+  EXPECT_TRUE(RelClose(rstd.Download(), std::vector<float>(rs.rstd, rs.rstd + kRows), 1e-4))
+      << "1/std";
+  bf16* db = norm.Backward(dx_dev.get(), dout_dev.get(), dx_dev.get(), xo.get(),
+                           {mean.get(), rstd.get()}, Drop(p, 1));
+  ASSERT_EQ(db, ctx_.dbranch_full) << "with dropout the branch's gradient is its own buffer";
+  std::vector<bf16> dbranch_got(n);
+  LT_CUDA_CHECK(cudaMemcpy(dbranch_got.data(), db, n * sizeof(bf16), cudaMemcpyDefault));
+  EXPECT_TRUE(RelClose(DownF(dx_dev), dx, 1e-2)) << "d(x)";
+  EXPECT_TRUE(RelClose(FromT<bf16>(dbranch_got), dbranch, 1e-2)) << "d(branch)";
+  ExpectGrads({L("pre_mlp_layernorm.weight"), L("pre_mlp_layernorm.bias")}, 1e-2);
+  // No dropout, no SP: the branch's gradient is d(x) itself.
+  EXPECT_EQ(norm.Backward(dx_dev.get(), dout_dev.get(), dx_dev.get(), xo.get(),
+                          {mean.get(), rstd.get()}, Drop(0.0f, 1)),
+            dx_dev.get());
+}
+
+TEST_F(ModulesTest, Embedding) {
+  Build(ckpt::Activation::kGeluTanh);
+  if (HasFatalFailure()) return;
+  const int64_t n = kRows * h_;
+  const float p = 0.1f;
+  const auto tokens = RandInts(kRows, 12, 0, static_cast<int32_t>(config_.vocab_size));
+  const auto dy = RoundT<bf16>(Rand(n, 13));
+  const float* word = params_->Param("embedding.word_embeddings.weight");
+  const float* pos = params_->Param("embedding.position_embeddings.weight");
+  reference::Embedding ref(ref_ctx_, ref_ws_, h_, vocab_, word, pos,
+                           params_->Grad("embedding.word_embeddings.weight"),
+                           params_->Grad("embedding.position_embeddings.weight"));
+  std::vector<float> y(n), dref = dy;
+  ref.Forward(y.data(), tokens.data(), Drop(p, 0));
+  ref.Backward(dref.data(), tokens.data(), Drop(p, 0));
+
+  Embedding emb(ctx_, h_, vocab_, At(f32_->get(), "embedding.word_embeddings.weight"),
+                At(f32_->get(), "embedding.position_embeddings.weight"),
+                At(grad_->get(), "embedding.word_embeddings.weight"),
+                At(grad_->get(), "embedding.position_embeddings.weight"));
+  Dev<int32_t> tok(tokens);
+  Dev<bf16> x(n);
+  emb.Forward(tok.get(), x.get(), Drop(p, 0));
+  EXPECT_TRUE(RelClose(DownF(x), y, 1e-2)) << "output";
+  // The backward takes the gradient already through the dropout (the norm above applied it).
+  Dev<bf16> dx(ToT<bf16>(dy));
+  Dropout<bf16>(dx.get(), kRows, h_, Drop(p, 0), MainStream());
+  emb.Backward(dx.get(), tok.get());
+  ExpectGrads({"embedding.word_embeddings.weight", "embedding.position_embeddings.weight"}, 1e-2);
+}
+
+// Logits a few rows at a time (three chunks here), the per-row losses, the step's mean loss on the
+// device, and the gradient back to the input and into the output weight, scaled as the forward
+// was told.
+TEST_F(ModulesTest, OutputHead) {
+  Build(ckpt::Activation::kGeluTanh);
+  if (HasFatalFailure()) return;
+  const int64_t n = kRows * h_;
+  const auto x = RoundT<bf16>(Rand(n, 14));
+  std::vector<int32_t> labels = RandInts(kRows, 15, 0, static_cast<int32_t>(config_.vocab_size));
+  labels[1] = labels[40] = -1;
+  const float scale = 0.25f / (kRows - 2);
+  const char* out_name = "output_layer.weight";
+  std::vector<float> dlogits(kRows * vocab_), dlosses(kRows);
+  reference::OutputHead ref(ref_ctx_, ref_ws_, h_, vocab_, At(rounded_.data(), out_name),
+                            params_->Grad(out_name), dlogits.data(), dlosses.data());
+  reference::OutputHead::Saved rs{const_cast<float*>(x.data()), Host(kRows * vocab_),
+                                  Host(2 * kRows), Host(kRows)};
+  ref.Forward(x.data(), labels.data(), rs);
+  std::vector<float> row_grad(kRows), dx(n);
+  double mean = 0;
+  for (int64_t r = 0; r < kRows; ++r) {
+    row_grad[r] = labels[r] >= 0 ? scale : 0.0f;
+    if (labels[r] >= 0) mean += rs.losses[r] / (kRows - 2);
+  }
+  ref.Backward(dx.data(), row_grad, labels.data(), rs);
+
+  OutputHead head(ctx_, h_, vocab_, 24, At(b16_->get(), out_name), At(grad_->get(), out_name));
+  Dev<bf16> in(ToT<bf16>(x)), dx_all(n), dx_got(n);
+  Dev<int32_t> lab(labels);
+  Dev<float> losses(kRows);
+  head.BeginStep();
+  head.Forward(in.get(), lab.get(), losses.get(), scale, dx_all.get(), dx_got.get());
+  EXPECT_TRUE(RelClose(losses.Download(), std::vector<float>(rs.losses, rs.losses + kRows), 1e-3))
+      << "losses";
+  EXPECT_NEAR(head.TakeLoss(), mean, 1e-3 * mean) << "the step's loss";
+  EXPECT_TRUE(RelClose(DownF(dx_got), dx, 2e-2)) << "input gradient";
+  ExpectGrads({out_name}, 2e-2);
+}
+
+}  // namespace
+}  // namespace leantron::trainer::cuda
