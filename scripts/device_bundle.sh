@@ -2,7 +2,8 @@
 # Packs build/bin programs and the shared libraries the device machine lacks (Abseil, simdjson,
 # ICU 72, Gloo, ...) into .bundle/leantron.tar.gz, for the device tool's `carry`. Extra files
 # (corpora, vocabularies) can be added with --add PATH (stored under data/).
-#   scripts/device_bundle.sh [--add PATH]... [PROGRAM...]     (default: every program in build/bin)
+#   scripts/device_bundle.sh [--add PATH]... [--name NAME] [PROGRAM...]
+#     (default: every program in $BUILD_DIR/bin, into .bundle/leantron.tar.gz or .bundle/NAME.tar.gz)
 # On the device:  mkdir -p /tmp/lt && tar -xzf .bundle/leantron.tar.gz -C /tmp/lt &&
 #                 export PATH=/tmp/lt/bin:$PATH LD_LIBRARY_PATH=/tmp/lt/lib
 set -euo pipefail
@@ -11,9 +12,11 @@ BIN="${BUILD_DIR:-$ROOT/build}/bin"
 OUT="$ROOT/.bundle"
 extra=()
 programs=()
+name=leantron
 while (($#)); do
   case "$1" in
     --add) extra+=("$2"); shift 2 ;;
+    --name) name="$2"; shift 2 ;;
     *) programs+=("$1"); shift ;;
   esac
 done
@@ -31,5 +34,5 @@ for p in "${programs[@]}"; do
   done
 done
 for f in "${extra[@]}"; do cp -r "$f" "$stage/data/"; done
-tar -czf "$OUT/leantron.tar.gz" -C "$stage" .
-echo "$OUT/leantron.tar.gz: $(du -h "$OUT/leantron.tar.gz" | cut -f1) (${#programs[@]} programs, $(ls "$stage/lib" | wc -l) libraries)"
+tar -czf "$OUT/$name.tar.gz" -C "$stage" .
+echo "$OUT/$name.tar.gz: $(du -h "$OUT/$name.tar.gz" | cut -f1) (${#programs[@]} programs, $(ls "$stage/lib" | wc -l) libraries)"

@@ -5,7 +5,9 @@
 #   bench: bench/gpu/bench_train.py, ours next to the PyTorch peer
 # and leaves logs in $OUT (the device tool's output folder) or /tmp/leantron-out.
 #   here:   bash scripts/device_bundle.sh
-#   device: bash scripts/device_check.sh [tests|pytest|multi|parallel|bench|all] [bench args...]
+#   device: bash scripts/device_check.sh [tests|pytest|multi|parallel|bench|compare|all] [args...]
+#   compare: bench/gpu/compare_builds.py between this bundle and .bundle/base.tar.gz (another build
+#   packed by scripts/device_bundle.sh --name base), loss curves bit for bit and step times
 set -uo pipefail
 what="${1:-all}"
 shift || true
@@ -30,9 +32,9 @@ if [[ "$what" == tests || "$what" == all || "$what" == pytest ]]; then
   tail -n 40 "$OUT/pytest_gpu.log"
 fi
 if [[ "$what" == multi ]]; then  # two or more GPUs (nvidia-h200-x2)
-  echo "== gpu_nccl_comm_test"
-  /tmp/lt/bin/gpu_nccl_comm_test --gtest_brief=1 >"$OUT/gpu_nccl_comm_test.log" 2>&1 || status=1
-  tail -n 25 "$OUT/gpu_nccl_comm_test.log"
+  echo "== gpu_nccl_test"
+  /tmp/lt/bin/gpu_nccl_test --gtest_brief=1 >"$OUT/gpu_nccl_test.log" 2>&1 || status=1
+  tail -n 25 "$OUT/gpu_nccl_test.log"
   echo "== tests/gpu/test_multi_gpu.py"
   python3 -m pytest -q -p no:cacheprovider tests/gpu/test_multi_gpu.py -s ${PYTEST_K:+-k "$PYTEST_K"} \
     >"$OUT/pytest_multi.log" 2>&1 || status=1
@@ -41,6 +43,11 @@ fi
 if [[ "$what" == parallel ]]; then  # the tutorial's table on two GPUs
   echo "== bench/gpu/bench_parallel.py $*"
   python3 bench/gpu/bench_parallel.py --bin /tmp/lt/bin --out "$OUT/parallel.md" "$@" || status=1
+fi
+if [[ "$what" == compare ]]; then
+  mkdir -p /tmp/base && tar -xzf .bundle/base.tar.gz -C /tmp/base || exit 1
+  echo "== bench/gpu/compare_builds.py $*"
+  python3 bench/gpu/compare_builds.py --base /tmp/base/bin --new /tmp/lt/bin "$@" || status=1
 fi
 if [[ "$what" == bench || "$what" == all ]]; then
   echo "== bench/gpu/bench_train.py $*"

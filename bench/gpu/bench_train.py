@@ -3,7 +3,6 @@ with identical shapes, seq 1024, random tokens. Prints one markdown row per run 
 table to --out. Run on the device machine (scripts/device_check.sh bench)."""
 import argparse
 import json
-import os
 import re
 import subprocess
 import sys
@@ -51,7 +50,7 @@ def run_ours(bin_dir, name, mb, iters, extra):
            "mfu": round(tflops / 989 * 100, 1), "peak_gib": round(alloc_mib / 1024, 1),
            "in_use_gib": round(int(mem.group(1)) / 1024, 1) if mem else -1,
            "loss": float(loss[-1]) if loss else None}
-    if os.environ.get("LEANTRON_PROFILE"):
+    if "--timing-log-level" in extra:  # the per-op GPU time table
         out["profile"] = proc.stderr[-3000:]
     return out
 
