@@ -46,8 +46,9 @@ struct Scratch {
 #define LT_CUDA_LAUNCH_CHECK() LT_CUDA_CHECK(cudaGetLastError())
 
 namespace leantron::trainer::cuda {
-// The one stream the CUDA backend runs on (created on first use, non-blocking): kernels, cuBLASLt,
-// cuDNN and copies are all ordered on it, so the backend needs no other synchronisation.
+// The compute stream (created on first use, non-blocking): kernels, cuBLASLt, cuDNN and copies of
+// the models are ordered on it. Communication runs on streams of its own (the TP stream,
+// the gradient reducer's, NCCL's point-to-point channels) ordered against it with events.
 inline cudaStream_t MainStream() {
   static cudaStream_t stream = [] {
     cudaStream_t s;

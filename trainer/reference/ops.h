@@ -1,6 +1,8 @@
-// The op interface the model is written against: forward and explicit backward of every layer
-// (llm.c style, no autograd). Pointers are backend memory (host for `cpu`, device for a future
-// `cuda` backend); shapes are row-major and "rows" are tokens in [batch, sequence] order.
+// The op interface the float32 reference modules (reference/modules.h) are written against:
+// forward and explicit backward of every layer (llm.c style, no autograd). Two backends: `cpu`
+// (reference/ops_cpu.cc, host memory) and `cuda` (cuda/ops_cuda.cc, the same float32 semantics
+// on the GPU, device memory). Shapes are row-major and "rows" are tokens in [batch, sequence]
+// order.
 // Backward ops accumulate (+=) into parameter gradients and, where stated, into input gradients,
 // so gradient accumulation over micro-batches and residual branches needs no extra adds.
 #pragma once
