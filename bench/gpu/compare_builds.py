@@ -41,6 +41,10 @@ CASES = {
     "recompute": (1, "loss", SMALL + ["--openai-gelu", "--recompute-granularity", "full",
                                       "--recompute-method", "block", "--recompute-num-layers", "2",
                                       "--recompute-gelu"], {}),
+    "recompute-full": (1, "loss", SMALL + ["--openai-gelu", "--recompute-granularity", "full",
+                                           "--recompute-method", "uniform",
+                                           "--recompute-num-layers", "1"], {}),
+    "recompute-gelu": (1, "loss", SMALL + ["--openai-gelu", "--recompute-gelu"], {}),
     # Loss curves, two GPUs.
     "dp2": (2, "loss", SMALL + ["--openai-gelu", "--overlap-grad-reduce"], {}),
     "dp2-distopt": (2, "loss", SMALL + ["--openai-gelu", "--overlap-grad-reduce",

@@ -83,7 +83,9 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
                "Accepted: the bf16 model always overlaps tensor-parallel communication with the "
                "products beside it");
   app.add_flag("--deterministic-mode", a->deterministic_mode,
-               "Accepted: runs are always deterministic (bitwise repeatable, resumes included)");
+               "Bitwise repeatable runs: the bf16 model takes cuBLASLt's heuristic algorithm for "
+               "each product instead of timing candidates at start-up (every other kernel is "
+               "deterministic always)");
   app.add_option("--timing-log-level", a->timing_log_level,
                  "2: the bf16 model times every op on the GPU and prints the table at the end");
   app.add_flag("--grad-reduce-in-bf16", a->grad_reduce_in_bf16,

@@ -52,8 +52,10 @@ struct TrainArgs {
   // Two GPUs of one node move overlapped tensor-parallel blocks and data-parallel gradients by
   // copy engine unless these say NCCL (as across nodes or with more ranks).
   bool no_tp_copy_engine = false, no_dp_copy_engine = false;
-  // Megatron flags whose behaviour is always on here: accepted so Megatron scripts run.
-  bool tp_comm_overlap = false, deterministic_mode = false;
+  // Megatron's --tp-comm-overlap: always on here, accepted so Megatron scripts run.
+  bool tp_comm_overlap = false;
+  // Megatron's --deterministic-mode: also no timing-based choice of cuBLASLt algorithms.
+  bool deterministic_mode = false;
   // Training.
   int64_t micro_batch_size = 1, global_batch_size = 0, train_iters = 0;
   double lr = 0.0, min_lr = 0.0, lr_warmup_init = 0.0;

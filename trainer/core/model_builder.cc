@@ -42,6 +42,7 @@ absl::Status BuildBf16Chunks(const TrainArgs& args, ProcessGroups& g,
   bo.pp_rank = g.coords.pp;
   bo.tp_copy_engine = !args.no_tp_copy_engine;
   bo.profile_ops = args.timing_log_level >= 2;
+  bo.deterministic = args.deterministic_mode;
   for (int v = 0; v < args.virtual_pipeline_size(); ++v) {
     bo.virtual_chunk = v;
     absl::StatusOr<std::unique_ptr<StageModel>> model =

@@ -32,7 +32,7 @@ struct Matmul::Plan {
   }
 };
 
-Matmul::Matmul(size_t workspace_bytes) : workspace_bytes_(workspace_bytes) {
+Matmul::Matmul(bool tune, size_t workspace_bytes) : workspace_bytes_(workspace_bytes), tune_(tune) {
   LT_CUBLAS_CHECK(cublasLtCreate(&handle_));
   LT_CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
 }
@@ -167,7 +167,7 @@ bool Matmul::Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
     LT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
         plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
   }
-  if (!plan->tuned) Tune(plan, alpha, a, b, beta, d, d_type, ldd * n);
+  if (tune_ && !plan->tuned) Tune(plan, alpha, a, b, beta, d, d_type, ldd * n);
   LT_CUBLAS_CHECK(cublasLtMatmul(handle_, plan->desc, &alpha, a, plan->a, b, plan->b, &beta, d,
                                  plan->d, d, plan->d, &plan->algo, workspace_, workspace_bytes_,
                                  MainStream()));

@@ -3,9 +3,11 @@
 //   BackwardData: din[M, K]  = dout[M, N] · W[N, K]                     bf16 out
 //   BackwardWeight: dW[N, K] += dout[M, N]ᵀ · in[M, K]                   fp32 accumulate in place
 // Plans (descriptors, layouts and the chosen algorithm) are cached per shape and pointer alignment,
-// so the steady state makes no heuristic queries and no allocations. The first call of a shape
-// times the heuristic's best few algorithms and keeps its first choice unless another is clearly
-// faster, so timing noise cannot make two runs differ.
+// so the steady state makes no heuristic queries and no allocations. With `tune`, the first call
+// of a shape times the heuristic's best few algorithms and keeps its first choice unless another
+// is clearly (15%) faster; on tiny products timing noise can still tip that choice, so two runs
+// may then differ in their last bits. Without it (--deterministic-mode) the heuristic's first
+// choice is taken: runs are bitwise repeatable.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +21,7 @@ namespace leantron::trainer::cuda {
 
 class Matmul {
  public:
-  explicit Matmul(size_t workspace_bytes = size_t{64} << 20);
+  explicit Matmul(bool tune = true, size_t workspace_bytes = size_t{64} << 20);
   ~Matmul();
   Matmul(const Matmul&) = delete;
   Matmul& operator=(const Matmul&) = delete;
@@ -64,6 +66,7 @@ class Matmul {
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
+  bool tune_ = true;
   std::map<Key, std::unique_ptr<Plan>> plans_;
 };
 

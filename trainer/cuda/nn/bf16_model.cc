@@ -117,6 +117,7 @@ Bf16Model::Bf16Model(const ckpt::ModelLayout& layout, ParamStore* params,
       opt_(options),
       spec_(ModelSpecFromConfig(layout.config(), layout.padded_vocab_size())),
       prof_(options.profile_ops),
+      mm_(/*tune=*/!options.deterministic),
       attention_(std::move(attention)) {
   const ckpt::ParallelConfig& p = layout.parallel();
   NcclCommunicator* tp = AsNccl(opt_.tp);

@@ -39,6 +39,9 @@ struct Bf16Options {
   int pp_rank = 0, virtual_chunk = 0;
   // Under SP on two GPUs of one node, move the overlapped blocks by copy engine (else NCCL).
   bool tp_copy_engine = true;
+  // Take cuBLASLt's heuristic algorithm for every product instead of timing candidates at the
+  // first call (--deterministic-mode): bitwise repeatable runs.
+  bool deterministic = false;
   // Time every op category on the device and print the table when the model goes
   // (--timing-log-level 2); the coarse split (compute, TP communication) is always measured.
   bool profile_ops = false;
