@@ -7,8 +7,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
-#include "libckpt/file_util.h"
 #include "libckpt/strings.h"
+#include "libfs/atomic_file.h"
 #include "simdjson.h"
 
 namespace leantron::ckpt {
@@ -145,7 +145,7 @@ std::string IterationDirName(int64_t iteration) {
 
 absl::StatusOr<int64_t> ReadLatestIteration(const std::string& checkpoint_dir) {
   const std::string path = (std::filesystem::path(checkpoint_dir) / kTrackerFileName).string();
-  auto text = ReadFileToString(path);
+  auto text = fs::ReadFileToString(path);
   if (!text.ok()) {
     return absl::NotFoundError(
         Cat(path, ": missing; is ", checkpoint_dir, " a checkpoint directory?"));

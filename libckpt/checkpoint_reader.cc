@@ -6,8 +6,8 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_join.h"
-#include "libckpt/file_util.h"
 #include "libckpt/strings.h"
+#include "libfs/atomic_file.h"
 
 namespace leantron::ckpt {
 
@@ -52,7 +52,7 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
   auto dir = ResolveIterationDir(checkpoint_dir, iteration);
   if (!dir.ok()) return dir.status();
   const std::string metadata_path = (std::filesystem::path(*dir) / kMetadataFileName).string();
-  auto text = ReadFileToString(metadata_path);
+  auto text = fs::ReadFileToString(metadata_path);
   if (!text.ok()) return text.status();
   auto metadata = ParseCheckpointMetadata(*text, metadata_path);
   if (!metadata.ok()) return metadata.status();

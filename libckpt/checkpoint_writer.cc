@@ -8,8 +8,8 @@
 #include <filesystem>
 
 #include "absl/container/flat_hash_map.h"
-#include "libckpt/file_util.h"
 #include "libckpt/strings.h"
+#include "libfs/atomic_file.h"
 
 namespace leantron::ckpt {
 namespace {
@@ -96,8 +96,8 @@ absl::Status CommitCheckpointSave(const std::string& checkpoint_dir, const std::
   };
   auto layout = ModelLayout::Create(metadata.config, metadata.parallel);
   if (!layout.ok()) return layout.status();
-  if (auto s = WriteFileAtomically((fs::path(temp_dir) / kMetadataFileName).string(),
-                                   CheckpointMetadataToJson(metadata, *layout));
+  if (auto s = leantron::fs::WriteFileAtomically((fs::path(temp_dir) / kMetadataFileName).string(),
+                                                 CheckpointMetadataToJson(metadata, *layout));
       !s.ok()) {
     return s;
   }
@@ -112,10 +112,10 @@ absl::Status CommitCheckpointSave(const std::string& checkpoint_dir, const std::
         if (!file.ok()) return file.status();
         if (auto s = VerifyShardFile(*layout, tp, pp, optimizer, **file); !s.ok()) return s;
       }
-      if (auto s = FsyncPath(shard_dir.string()); !s.ok()) return s;
+      if (auto s = leantron::fs::FsyncPath(shard_dir.string()); !s.ok()) return s;
     }
   }
-  if (auto s = FsyncPath(temp_dir); !s.ok()) return s;
+  if (auto s = leantron::fs::FsyncPath(temp_dir); !s.ok()) return s;
   step("verified");
   const fs::path final_dir = fs::path(checkpoint_dir) / IterationDirName(metadata.iteration);
   if (fs::exists(final_dir)) {
@@ -130,9 +130,9 @@ absl::Status CommitCheckpointSave(const std::string& checkpoint_dir, const std::
   } else if (::rename(temp_dir.c_str(), final_dir.c_str()) != 0) {
     return absl::InternalError(Cat(final_dir.string(), ": rename failed: ", std::strerror(errno)));
   }
-  if (auto s = FsyncPath(checkpoint_dir); !s.ok()) return s;
+  if (auto s = leantron::fs::FsyncPath(checkpoint_dir); !s.ok()) return s;
   step("renamed");
-  if (auto s = WriteFileAtomically(
+  if (auto s = leantron::fs::WriteFileAtomically(
           (fs::path(checkpoint_dir) / kTrackerFileName).string(),
           metadata.iteration < 0 ? std::string("release") : std::to_string(metadata.iteration));
       !s.ok()) {

@@ -8,10 +8,10 @@
 #include "absl/strings/str_join.h"
 #include "libckpt/checkpoint_reader.h"
 #include "libckpt/checkpoint_writer.h"
-#include "libckpt/file_util.h"
 #include "libckpt/hf_config.h"
 #include "libckpt/hf_mapping.h"
 #include "libckpt/strings.h"
+#include "libfs/atomic_file.h"
 #include "simdjson.h"
 
 namespace leantron::ckpt {
@@ -57,7 +57,7 @@ class HfSource : public FullTensorSource {
   static absl::StatusOr<std::unique_ptr<HfSource>> Open(const std::string& dir,
                                                         int64_t vocab_divisor) {
     const std::string config_path = (fs::path(dir) / "config.json").string();
-    auto text = ReadFileToString(config_path);
+    auto text = leantron::fs::ReadFileToString(config_path);
     if (!text.ok()) return text.status();
     auto info = ParseHfConfig(*text, config_path);
     if (!info.ok()) return info.status();
@@ -246,7 +246,8 @@ absl::Status ExportHfCheckpoint(const std::string& load_dir, const std::string& 
     if (info.bos_token_id_json.empty()) info.bos_token_id_json = eod;
     if (info.eos_token_id_json.empty()) info.eos_token_id_json = eod;
   }
-  if (auto s = WriteFileAtomically((fs::path(hf_dir) / "config.json").string(), HfConfigJson(info));
+  if (auto s = leantron::fs::WriteFileAtomically((fs::path(hf_dir) / "config.json").string(),
+                                                 HfConfigJson(info));
       !s.ok()) {
     return s;
   }

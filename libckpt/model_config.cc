@@ -3,7 +3,6 @@
 #include <cmath>
 
 #include "absl/strings/str_format.h"
-#include "libckpt/file_util.h"
 #include "libckpt/strings.h"
 #include "simdjson.h"
 

@@ -9,8 +9,9 @@
 #include <numeric>
 
 #include "absl/strings/str_join.h"
-#include "libckpt/file_util.h"
+#include "libckpt/json_quote.h"
 #include "libckpt/strings.h"
+#include "libfs/atomic_file.h"
 
 namespace leantron::ckpt {
 namespace {
@@ -159,7 +160,7 @@ absl::Status SafetensorsWriter::Finish() {
     return absl::InternalError(Cat(path_, ": rename failed: ", std::strerror(errno)));
   }
   finished_ = true;
-  return FsyncParentDir(path_);
+  return fs::FsyncParentDir(path_);
 }
 
 absl::Status WriteSafetensors(const std::string& path, const std::vector<NamedTensorData>& tensors,

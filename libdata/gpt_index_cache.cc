@@ -55,7 +55,7 @@ std::optional<MappedGptIndices> LoadGptIndexCache(const std::string& path, const
 
 absl::Status SaveGptIndexCache(const std::string& path, const std::string& key,
                                const GptIndices& indices) {
-  absl::StatusOr<AtomicFileWriter> writer = AtomicFileWriter::Create(path);
+  absl::StatusOr<fs::AtomicFileWriter> writer = fs::AtomicFileWriter::Create(path);
   if (!writer.ok()) return writer.status();
   const uint64_t zeros = 0;
   const uint64_t key_len = key.size();

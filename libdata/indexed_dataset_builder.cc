@@ -53,7 +53,7 @@ absl::StatusOr<std::unique_ptr<IndexedDatasetBuilder>> IndexedDatasetBuilder::Cr
   b->prefix_ = prefix;
   b->dtype_ = dtype;
   const std::string dir = DirectoryOf(prefix);
-  absl::StatusOr<AtomicFileWriter> bin = AtomicFileWriter::Create(BinPath(prefix));
+  absl::StatusOr<fs::AtomicFileWriter> bin = fs::AtomicFileWriter::Create(BinPath(prefix));
   if (!bin.ok()) return bin.status();
   b->bin_ = *std::move(bin);
   absl::StatusOr<SpoolFile> lengths = SpoolFile::Create(dir);
@@ -218,9 +218,9 @@ absl::Status IndexedDatasetBuilder::AddIndex(const std::string& prefix) {
 
 absl::Status IndexedDatasetBuilder::Finalize() {
   if (finished_) return absl::FailedPreconditionError(prefix_ + ": builder already finished");
-  absl::StatusOr<AtomicFileWriter> idx_or = AtomicFileWriter::Create(IdxPath(prefix_));
+  absl::StatusOr<fs::AtomicFileWriter> idx_or = fs::AtomicFileWriter::Create(IdxPath(prefix_));
   if (!idx_or.ok()) return idx_or.status();
-  AtomicFileWriter idx = *std::move(idx_or);
+  fs::AtomicFileWriter idx = *std::move(idx_or);
   const uint64_t version = kIndexVersion;
   const uint8_t code = static_cast<uint8_t>(dtype_);
   const uint64_t num_sequences = static_cast<uint64_t>(num_sequences_);

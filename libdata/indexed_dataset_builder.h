@@ -60,7 +60,7 @@ class IndexedDatasetBuilder {
 
   std::string prefix_;
   DType dtype_ = DType::kUInt16;
-  AtomicFileWriter bin_;
+  fs::AtomicFileWriter bin_;
   SpoolFile lengths_;    // i32 per sequence
   SpoolFile doc_index_;  // i64 per document boundary, starting with 0
   int64_t num_sequences_ = 0;

@@ -31,7 +31,7 @@ class PlainSource : public ByteSource {
         raw_ += static_cast<uint64_t>(n);
         return static_cast<size_t>(n);
       }
-      if (errno != EINTR) return ErrnoError("cannot read", path_, errno);
+      if (errno != EINTR) return fs::ErrnoError("cannot read", path_, errno);
     }
   }
   uint64_t raw_bytes() const override { return raw_; }
@@ -65,7 +65,7 @@ class ZstdSource : public ByteSource {
         const ssize_t n = ::read(fd_, in_buf_.data(), in_buf_.size());
         if (n < 0) {
           if (errno == EINTR) continue;
-          return ErrnoError("cannot read", path_, errno);
+          return fs::ErrnoError("cannot read", path_, errno);
         }
         if (n == 0) {
           input_done_ = true;
@@ -139,7 +139,7 @@ bool IsJsonlName(const std::string& name) {
 absl::StatusOr<std::unique_ptr<ByteSource>> OpenByteSource(const std::string& path) {
   if (path == "-") {  // standard input, uncompressed (pipe a decompressor in front if needed)
     const int fd = ::dup(STDIN_FILENO);
-    if (fd < 0) return ErrnoError("cannot read", "standard input", errno);
+    if (fd < 0) return fs::ErrnoError("cannot read", "standard input", errno);
     return std::unique_ptr<ByteSource>(new PlainSource("(stdin)", fd));
   }
   if (std::filesystem::is_directory(path)) {
@@ -147,11 +147,11 @@ absl::StatusOr<std::unique_ptr<ByteSource>> OpenByteSource(const std::string& pa
   }
   if (absl::EndsWith(path, ".gz")) {
     gzFile f = gzopen(path.c_str(), "rb");
-    if (f == nullptr) return ErrnoError("cannot open", path, errno ? errno : ENOMEM);
+    if (f == nullptr) return fs::ErrnoError("cannot open", path, errno ? errno : ENOMEM);
     return std::unique_ptr<ByteSource>(new GzipSource(path, f));
   }
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError("cannot open", path, errno);
+  if (fd < 0) return fs::ErrnoError("cannot open", path, errno);
   if (absl::EndsWith(path, ".zst")) return std::unique_ptr<ByteSource>(new ZstdSource(path, fd));
   return std::unique_ptr<ByteSource>(new PlainSource(path, fd));
 }
