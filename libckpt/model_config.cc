@@ -74,6 +74,15 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
                                           " attention heads are not divisible into ",
                                           c.num_query_groups, " query groups"));
   }
+  // Written into metadata.json and config.json: NaN or infinity would not even be JSON.
+  if (!std::isfinite(c.norm_epsilon) || c.norm_epsilon < 0) {
+    return absl::InvalidArgumentError(
+        Cat("model config: norm_epsilon ", c.norm_epsilon, " is not a finite number >= 0"));
+  }
+  if (!std::isfinite(c.rotary_base) || c.rotary_base <= 0) {
+    return absl::InvalidArgumentError(
+        Cat("model config: rotary_base ", c.rotary_base, " is not a finite number > 0"));
+  }
   if (DTypeSize(c.params_dtype) == 0) {
     return absl::InvalidArgumentError("model config: params_dtype must be a whole-byte type");
   }

@@ -23,7 +23,12 @@ namespace fs = std::filesystem;
 
 // Value of full-tensor element `index` of parameter `name` for `kind`: a hash, so any misplaced
 // row or column shows. Padded vocabulary rows are zero, as a reshard would produce.
+// The model weights are the fp32 main weights rounded to bf16, as in a bf16 run: a verified load
+// refuses a pair that differs by more, and a swap of the two still shows.
 float Value(const std::string& name, TensorKind kind, int64_t index) {
+  if (kind == TensorKind::kParam) {
+    return BFloat16ToFloat(FloatToBFloat16(Value(name, TensorKind::kMainParam, index)));
+  }
   uint64_t h =
       std::hash<std::string>{}(name) ^ (static_cast<uint64_t>(kind) * 0x9e3779b97f4a7c15ull);
   h ^= static_cast<uint64_t>(index) * 0xbf58476d1ce4e5b9ull;
