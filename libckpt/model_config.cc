@@ -52,8 +52,13 @@ ModelConfig LlamaStyleConfig(int64_t num_layers, int64_t hidden_size, int64_t ff
 }
 
 absl::Status ValidateModelConfig(const ModelConfig& c) {
-  auto positive = [](int64_t v, const char* name) -> absl::Status {
+  // Bounded so that no shape product computed from them overflows int64.
+  constexpr int64_t kMax = int64_t{1} << 31;
+  auto positive = [&](int64_t v, const char* name) -> absl::Status {
     if (v <= 0) return absl::InvalidArgumentError(Cat("model config: ", name, " must be positive"));
+    if (v > kMax) {
+      return absl::InvalidArgumentError(Cat("model config: ", name, " ", v, " exceeds ", kMax));
+    }
     return absl::OkStatus();
   };
   for (auto [v, name] : {std::pair{c.num_layers, "num_layers"},
@@ -68,6 +73,8 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
   }
   if (c.position_embedding_type == PositionEmbedding::kLearnedAbsolute) {
     if (auto s = positive(c.max_position_embeddings, "max_position_embeddings"); !s.ok()) return s;
+  } else if (c.max_position_embeddings < 0 || c.max_position_embeddings > kMax) {
+    return absl::InvalidArgumentError("model config: max_position_embeddings out of range");
   }
   if (c.num_attention_heads % c.num_query_groups != 0) {
     return absl::InvalidArgumentError(Cat("model config: ", c.num_attention_heads,
