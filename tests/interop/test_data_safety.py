@@ -4,6 +4,7 @@ every failure is one clear line and a non-zero exit."""
 import gzip
 import json
 import random
+import resource
 import shutil
 import zlib
 from pathlib import Path
@@ -129,3 +130,97 @@ def test_merge_rerun_into_its_input_directory_never_doubles_the_data(tmp_path, s
     again = run_bin("merge_datasets", ["--input", "parts", "--output-prefix", out], cwd=tmp_path)
     assert again.returncode == 1, again.stdout + again.stderr
     assert snapshot(parts) == merged
+
+
+# ------------------------------------------------------------------------------- U2: compressed input
+def lines_text(n):
+    return "".join(json.dumps({"text": f"line {i} of the corpus"}) + "\n" for i in range(n))
+
+
+def test_a_truncated_gz_is_reported_at_the_line_it_ends_in(tmp_path):
+    text = lines_text(20000).encode()
+    blob = gzip.compress(text)
+    cut = blob[:len(blob) // 2]
+    (tmp_path / "cut.jsonl.gz").write_bytes(cut)
+    complete = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(cut).count(b"\n")
+    assert complete > 1000
+    proc = preprocess(tmp_path / "cut.jsonl.gz", tmp_path / "out")
+    assert proc.returncode == 1
+    assert "truncated gzip" in proc.stderr and f"(at line {complete + 1})" in proc.stderr, \
+        proc.stderr
+    assert not any(p.name.startswith("out_") for p in tmp_path.iterdir())
+
+
+def test_gz_trailing_garbage_and_non_gzip_are_refused_like_zst(tmp_path):
+    text = lines_text(50).encode()
+    (tmp_path / "garbage.jsonl.gz").write_bytes(gzip.compress(text) + b"not gzip at all\n")
+    proc = preprocess(tmp_path / "garbage.jsonl.gz", tmp_path / "a")
+    assert proc.returncode == 1 and "after the end of the gzip stream" in proc.stderr, proc.stderr
+    (tmp_path / "plain.jsonl.gz").write_bytes(text)
+    proc = preprocess(tmp_path / "plain.jsonl.gz", tmp_path / "b")
+    assert proc.returncode == 1 and "not gzip data" in proc.stderr, proc.stderr
+    # Members back to back (gzip a b > c) are one stream, as gzip -d reads them.
+    half = len(text) // 2
+    (tmp_path / "two.jsonl.gz").write_bytes(gzip.compress(text[:half]) + gzip.compress(text[half:]))
+    (tmp_path / "plain.jsonl").write_bytes(text)
+    assert preprocess(tmp_path / "two.jsonl.gz", tmp_path / "c").returncode == 0
+    assert preprocess(tmp_path / "plain.jsonl", tmp_path / "d").returncode == 0
+    for ext in (".bin", ".idx"):
+        assert (tmp_path / f"c_text_document{ext}").read_bytes() == \
+            (tmp_path / f"d_text_document{ext}").read_bytes()
+
+
+# ------------------------------------------------------------------------------- U3, H5: inspect
+def inspect(*args, preexec=None):
+    return run_bin("inspect", ["dataset", *map(str, args)], preexec=preexec)
+
+
+def test_an_empty_dataset_says_so(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    assert preprocess(tmp_path / "empty.jsonl", tmp_path / "e").returncode == 0
+    proc = inspect(tmp_path / "e_text_document", "--sample", 0, "--seq-length", 8)
+    assert proc.returncode == 1
+    assert "e_text_document: the dataset is empty (0 documents)" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("flag", ["--document", "--sample"])
+def test_negative_indices_are_refused_not_ignored(tmp_path, flag):
+    _dataset(tmp_path / "d", 0)
+    proc = inspect(tmp_path / "d", flag, -1)
+    assert proc.returncode != 0 and flag in proc.stderr, proc.stdout + proc.stderr
+
+
+def test_a_damaged_index_cache_is_rebuilt(tmp_path):
+    _dataset(tmp_path / "d", 0)
+    args = [tmp_path / "d", "--sample", 3, "--seq-length", 8, "--num-samples", 20, 0, 0]
+    first = inspect(*args)
+    assert first.returncode == 0, first.stderr
+    (cache,) = tmp_path.glob("d.gpt-*.idxcache")
+    blob = bytearray(cache.read_bytes())
+    blob[-64:] = b"\xff" * 64  # sample and shuffle indices far out of range, the key intact
+    cache.write_bytes(bytes(blob))
+    again = inspect(*args)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == first.stdout
+    assert cache.read_bytes() != bytes(blob)  # rewritten
+    assert "(hit)" in inspect(*args).stdout
+
+
+def test_a_sample_index_too_large_for_memory_is_a_clean_error(tmp_path):
+    _dataset(tmp_path / "d", 0)
+    proc = inspect(tmp_path / "d", "--sample", 0, "--seq-length", 8, "--num-samples",
+                   100000000000, 0, 0)
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-2000:])
+    assert "more than this machine's" in proc.stderr and "100000000000 samples" in proc.stderr
+
+
+def test_a_worker_count_the_system_refuses_is_a_clean_error(tmp_path):
+    inp = corpus(tmp_path / "in.jsonl", 10)
+
+    def small_address_space():
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 29, 3 << 29))  # 1.5 GiB: some 100 stacks
+
+    proc = preprocess(inp, tmp_path / "w", "--workers", 100000, preexec=small_address_space)
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-2000:])
+    assert "cannot start thread" in proc.stderr and "--workers 100000" in proc.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["in.jsonl"]
