@@ -245,6 +245,14 @@ LaunchInfo LaunchInfoFromEnvironment() {
   if (const char* a = std::getenv("MASTER_ADDR")) info.master_addr = a;
   info.master_port = EnvInt("MASTER_PORT", 29500);
   if (const char* d = std::getenv("LEANTRON_RENDEZVOUS_DIR")) info.rendezvous_dir = d;
+  if (const char* t = std::getenv("LEANTRON_JOB_TOKEN"); t != nullptr && *t != '\0') {
+    info.job_token = t;
+  } else {
+    for (const char* name : {"TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID",
+                             "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"}) {
+      if (const char* v = std::getenv(name)) absl::StrAppend(&info.job_token, name, "=", v, ";");
+    }
+  }
   return info;
 }
 
@@ -276,13 +284,11 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(const LaunchInfo& launch,
       owned_store = std::make_unique<gloo::rendezvous::FileStore>(launch.rendezvous_dir);
     } else {
       if (launch.rank == 0) {
-        absl::StatusOr<std::unique_ptr<TcpStoreServer>> s =
-            TcpStoreServer::Start(launch.master_port);
+        absl::StatusOr<std::unique_ptr<TcpStoreServer>> s = TcpStoreServer::Start(launch);
         if (!s.ok()) return s.status();
         server = std::move(*s);
       }
-      absl::StatusOr<std::unique_ptr<TcpStore>> c =
-          TcpStore::Connect(launch.master_addr, launch.master_port, timeout, timeout);
+      absl::StatusOr<std::unique_ptr<TcpStore>> c = TcpStore::Connect(launch, timeout, timeout);
       if (!c.ok()) return c.status();
       owned_store = std::move(*c);
     }
