@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "trainer/cuda/cuda_util.h"
+#include "trainer/rendezvous_signals.h"
 #include "trainer/tcp_store.h"
 
 namespace leantron::trainer {
@@ -1123,6 +1124,7 @@ absl::StatusOr<ProcessGroups> CreateNcclProcessGroups(const LaunchInfo& launch,
         std::make_unique<NcclCommunicator>(runtime, grp.key, grp.members, grp.rank, grp.comm);
   }
   runtime->SetInitialized();
+  EndRendezvousPhase();
   return g;
 }
 
