@@ -225,12 +225,20 @@ void GptModel::LayerForward(Slot& s, int l) {
   ops_->AddInPlace(y, a.mid, n_local);
 }
 
+std::string GptModel::TimeReport() const {
+  if (opt_.recompute_layers == 0 && !opt_.recompute_attention) return {};
+  return absl::StrFormat("layers [%d, %d): recomputed %d layer forwards and %d attention softmaxes",
+                         first_layer(), last_layer(), recomputed_layers_, recomputed_softmaxes_);
+}
+
 void GptModel::LayerBackward(Slot& s, int l) {
   const LayerWeights& w = layers_[l];
   LayerActs& a = s.layers[l];
   if (l < opt_.recompute_layers) {
+    ++recomputed_layers_;
     LayerForward(s, l);  // rewrites the shared activations and, identically, hidden[l + 1]
   } else if (opt_.recompute_attention) {
+    ++recomputed_softmaxes_;
     // The softmax matrix is shared across layers: rebuild this layer's (its output, already
     // kept in a.attn, lands in scratch).
     ops_->AttentionForward(dattn_, a.probs, a.qkv, opt_.micro_batch, opt_.seq_length, heads_local_,

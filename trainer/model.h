@@ -56,6 +56,8 @@ class GptModel : public StageModel {
   const float* InputGrad() const override { return dhidden_; }
   float* input_buffer() override { return recv_input_; }
   float* grad_buffer() override { return recv_grad_; }
+  // With recomputation on: how many layer forwards and attention softmaxes the backward redid.
+  std::string TimeReport() const override;
 
  private:
   struct LayerWeights {
@@ -126,6 +128,7 @@ class GptModel : public StageModel {
   // Shared by every slot: the activations of recomputed layers, and the softmax matrix under
   // selective recomputation (nullptr until first needed).
   std::unique_ptr<LayerActs> recomputed_acts_;
+  int64_t recomputed_layers_ = 0, recomputed_softmaxes_ = 0;  // over the run, for the report
   float* shared_probs_ = nullptr;
   std::vector<float*> allocations_;
   // Scratch shared by all slots (one backward at a time).

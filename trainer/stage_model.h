@@ -55,8 +55,8 @@ class StageModel {
   virtual bool reduces_data_parallel() const { return false; }
   // Peak device memory for the activations this model holds (bytes), for the log.
   virtual int64_t activation_bytes() const { return 0; }
-  // Where a step's time went on the device (communication, exposed waits), for the per-rank
-  // report; empty when the model does not measure it.
+  // What the model measured over the run, for the per-rank report: where a step's time went on
+  // the device (communication, exposed waits), how much it recomputed; empty when nothing.
   virtual std::string TimeReport() const { return {}; }
   // Per-step averages measured on the device, leaving out the first step: GPU time of this
   // chunk's forward and backward outside communication, tensor-parallel communication on the
