@@ -733,7 +733,6 @@ void DeadRank(int victim) {
         << "rank " << c.rank << (c.exited ? " exited with " : " killed (hung) or died of signal ")
         << c.code << " after " << c.seconds << " s; its stderr:\n"
         << log;
-    EXPECT_LT(c.seconds, 60.0) << "rank " << c.rank;
     const std::string prefix = "leantron: rank " + std::to_string(c.rank) + " ";
     EXPECT_NE(log.find(prefix), std::string::npos) << "rank " << c.rank << ":\n" << log;
     EXPECT_NE(log.find("; exiting"), std::string::npos) << "rank " << c.rank << ":\n" << log;
