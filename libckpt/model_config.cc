@@ -16,7 +16,7 @@ ModelConfig Gpt2StyleConfig(int64_t num_layers, int64_t hidden_size, int64_t num
   c.ffn_hidden_size = 4 * hidden_size;
   c.num_attention_heads = num_heads;
   c.num_query_groups = num_heads;
-  c.kv_channels = hidden_size / num_heads;
+  c.kv_channels = num_heads > 0 ? hidden_size / num_heads : 0;  // Validation refuses 0 heads.
   c.vocab_size = vocab_size;
   c.max_position_embeddings = max_positions;
   c.normalization = NormType::kLayerNorm;
@@ -38,7 +38,7 @@ ModelConfig LlamaStyleConfig(int64_t num_layers, int64_t hidden_size, int64_t ff
   c.ffn_hidden_size = ffn_hidden_size;
   c.num_attention_heads = num_heads;
   c.num_query_groups = num_query_groups;
-  c.kv_channels = hidden_size / num_heads;
+  c.kv_channels = num_heads > 0 ? hidden_size / num_heads : 0;  // Validation refuses 0 heads.
   c.vocab_size = vocab_size;
   c.max_position_embeddings = max_positions;
   c.normalization = NormType::kRMSNorm;
