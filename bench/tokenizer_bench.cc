@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
-#include "libdata/file_util.h"
 #include "libdata/gpt2_tokenizer.h"
 #include "libdata/pretokenizer.h"
+#include "libfs/atomic_file.h"
 
 namespace {
 
@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
       "file\tMB\tthreads\tpretokenize_MBps\tlookup_MBps\tencode_MBps\ttokens\tpieces\t"
       "whole_token_pieces\n");
   for (const std::string& path : inputs) {
-    auto text = leantron::data::ReadFileToString(path);
+    auto text = leantron::fs::ReadFileToString(path);
     if (!text.ok()) {
       std::fprintf(stderr, "%s\n", std::string(text.status().message()).c_str());
       return 2;

@@ -7,8 +7,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
-#include "libckpt/file_util.h"
 #include "libckpt/strings.h"
+#include "libfs/atomic_file.h"
 #include "simdjson.h"
 
 namespace leantron::ckpt {
@@ -66,6 +66,7 @@ std::string CheckpointMetadataToJson(const CheckpointMetadata& m, const ModelLay
   } else {
     json += "  \"optimizer\": null,\n";
   }
+  if (m.checksums) json += "  \"checksums\": \"xxh3_64\",\n";
   CatAppend(&json, "  \"args\": ", m.args_json.empty() ? "{}" : m.args_json, ",\n  \"shards\": [");
   bool first = true;
   for (int pp = 0; pp < p.pp; ++pp) {
@@ -115,6 +116,21 @@ absl::StatusOr<CheckpointMetadata> ParseCheckpointMetadata(std::string_view json
       parallel["virtual_pipeline_model_parallel_size"].get(vpp) != simdjson::SUCCESS) {
     return fail("parallel sizes missing");
   }
+  // Bounded before anything is sized by them (a layout allocates per stage and chunk).
+  for (auto [name, n] :
+       {std::pair{"tensor_model_parallel_size", tp}, std::pair{"pipeline_model_parallel_size", pp},
+        std::pair{"virtual_pipeline_model_parallel_size", vpp}}) {
+    if (n < 1 || n > kMaxParallelSize) {
+      return fail(Cat("parallel.", name, " ", n, " is outside [1, ", kMaxParallelSize, "]"));
+    }
+  }
+  if (pp * vpp > m.config.num_layers) {
+    return fail(Cat("pipeline_model_parallel_size x virtual_pipeline_model_parallel_size ",
+                    pp * vpp, " exceeds num_layers ", m.config.num_layers));
+  }
+  if (m.iteration < -1 || m.consumed_samples < 0) {
+    return fail("iteration or consumed_samples is negative");
+  }
   m.parallel = {static_cast<int>(tp), static_cast<int>(pp), static_cast<int>(vpp)};
   // Optional (absent: an even split); the layout checks the numbers when the checkpoint is opened.
   for (auto [key, out] :
@@ -135,6 +151,14 @@ absl::StatusOr<CheckpointMetadata> ParseCheckpointMetadata(std::string_view json
     }
   }
   if (root["args"].get(args) == simdjson::SUCCESS) m.args_json = simdjson::minify(args);
+  simdjson::dom::element checksums;
+  if (root["checksums"].get(checksums) == simdjson::SUCCESS && !checksums.is_null()) {
+    std::string_view algorithm;
+    if (checksums.get(algorithm) != simdjson::SUCCESS || algorithm != "xxh3_64") {
+      return fail("unsupported \"checksums\" (this build reads \"xxh3_64\")");
+    }
+    m.checksums = true;
+  }
   return m;
 }
 
@@ -145,7 +169,7 @@ std::string IterationDirName(int64_t iteration) {
 
 absl::StatusOr<int64_t> ReadLatestIteration(const std::string& checkpoint_dir) {
   const std::string path = (std::filesystem::path(checkpoint_dir) / kTrackerFileName).string();
-  auto text = ReadFileToString(path);
+  auto text = fs::ReadFileToString(path);
   if (!text.ok()) {
     return absl::NotFoundError(
         Cat(path, ": missing; is ", checkpoint_dir, " a checkpoint directory?"));

@@ -23,6 +23,8 @@ inline constexpr char kMetadataFileName[] = "metadata.json";
 inline constexpr char kModelFileName[] = "model.safetensors";
 inline constexpr char kOptimizerFileName[] = "optimizer.safetensors";
 inline constexpr int kFormatVersion = 1;
+// Largest TP, PP or VPP size a metadata.json may name.
+inline constexpr int64_t kMaxParallelSize = 1 << 16;
 
 // What a shard file holds for one parameter. Optimizer state is float32 and sharded exactly like
 // the parameter, so it does not depend on the data-parallel size.
@@ -41,6 +43,9 @@ struct CheckpointMetadata {
   bool has_optimizer = false;
   int64_t optimizer_step = 0;    // Adam step count (bias correction).
   std::string args_json = "{}";  // Training arguments, one JSON object kept verbatim.
+  // Every shard file stores each tensor's XXH3-64 checksum and its (tp, pp) rank ("checksums":
+  // "xxh3_64" in metadata.json); false for checkpoints written before checksums existed.
+  bool checksums = false;
 };
 
 std::string CheckpointMetadataToJson(const CheckpointMetadata& metadata, const ModelLayout& layout);

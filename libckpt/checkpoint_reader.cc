@@ -6,8 +6,9 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_join.h"
-#include "libckpt/file_util.h"
+#include "libckpt/checkpoint_verify.h"
 #include "libckpt/strings.h"
+#include "libfs/atomic_file.h"
 
 namespace leantron::ckpt {
 
@@ -48,40 +49,67 @@ absl::Status VerifyShardFile(const ModelLayout& layout, int tp_rank, int pp_rank
 }
 
 absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
-    const std::string& checkpoint_dir, std::optional<int64_t> iteration) {
+    const std::string& checkpoint_dir, std::optional<int64_t> iteration,
+    CheckpointReadOptions options) {
+  namespace stdfs = std::filesystem;
   auto dir = ResolveIterationDir(checkpoint_dir, iteration);
   if (!dir.ok()) return dir.status();
-  const std::string metadata_path = (std::filesystem::path(*dir) / kMetadataFileName).string();
-  auto text = ReadFileToString(metadata_path);
+  const std::string metadata_path = (stdfs::path(*dir) / kMetadataFileName).string();
+  auto text = fs::ReadFileToString(metadata_path);
   if (!text.ok()) return text.status();
   auto metadata = ParseCheckpointMetadata(*text, metadata_path);
   if (!metadata.ok()) return metadata.status();
-  auto layout = ModelLayout::Create(metadata->config, metadata->parallel);
-  if (!layout.ok()) return absl::DataLossError(Cat(metadata_path, ": ", layout.status().message()));
-  std::unique_ptr<CheckpointReader> reader(
-      new CheckpointReader(*std::move(metadata), *std::move(layout)));
-  reader->iteration_dir_ = *dir;
-  const ParallelConfig& p = reader->metadata_.parallel;
-  reader->model_files_.resize(p.pp);
-  reader->optimizer_files_.resize(p.pp);
+  const ParallelConfig& p = metadata->parallel;
+  // Open every shard file first: the counts metadata.json claims are checked against what is
+  // there before a layout is sized by them (a claimed 10^9 layers must not allocate 10^9 specs).
+  std::vector<std::vector<std::unique_ptr<SafetensorsFile>>> model_files(p.pp), optimizer_files;
+  if (metadata->has_optimizer) optimizer_files.resize(p.pp);
+  int64_t tensors_present = 0;
   for (int pp = 0; pp < p.pp; ++pp) {
     for (int tp = 0; tp < p.tp; ++tp) {
-      const std::filesystem::path shard_dir =
-          std::filesystem::path(*dir) / reader->layout_.ShardDirName(tp, pp);
+      const stdfs::path shard_dir = stdfs::path(*dir) / ShardDirName(tp, pp, p.pp);
       for (bool optimizer : {false, true}) {
-        if (optimizer && !reader->metadata_.has_optimizer) continue;
+        if (optimizer && !metadata->has_optimizer) continue;
         const std::string path = (shard_dir / (optimizer ? kOptimizerFileName : kModelFileName));
-        if (!std::filesystem::exists(path)) {
+        if (!stdfs::exists(path)) {
           return absl::DataLossError(Cat(path, ": shard file missing (checkpoint is incomplete)"));
         }
         auto file = SafetensorsFile::Open(path);
         if (!file.ok()) return file.status();
-        if (auto s = VerifyShardFile(reader->layout_, tp, pp, optimizer, **file); !s.ok()) return s;
-        (optimizer ? reader->optimizer_files_ : reader->model_files_)[pp].push_back(
-            *std::move(file));
+        if (!optimizer && tp == 0)
+          tensors_present += static_cast<int64_t>((*file)->tensors().size());
+        (optimizer ? optimizer_files : model_files)[pp].push_back(*std::move(file));
       }
     }
   }
+  if (metadata->config.num_layers > tensors_present) {
+    return absl::DataLossError(Cat(metadata_path, ": claims ", metadata->config.num_layers,
+                                   " layers but its shard files hold ", tensors_present,
+                                   " tensors per tensor-parallel rank"));
+  }
+  auto layout = ModelLayout::Create(metadata->config, metadata->parallel);
+  if (!layout.ok()) return absl::DataLossError(Cat(metadata_path, ": ", layout.status().message()));
+  for (int pp = 0; pp < p.pp; ++pp) {
+    for (int tp = 0; tp < p.tp; ++tp) {
+      if (auto s = VerifyShardFile(*layout, tp, pp, false, *model_files[pp][tp]); !s.ok()) return s;
+      if (metadata->has_optimizer) {
+        if (auto s = VerifyShardFile(*layout, tp, pp, true, *optimizer_files[pp][tp]); !s.ok()) {
+          return s;
+        }
+      }
+    }
+  }
+  if (options.verify) {
+    if (auto s = VerifyCheckpointContent(*metadata, *layout, model_files, optimizer_files);
+        !s.ok()) {
+      return s;
+    }
+  }
+  std::unique_ptr<CheckpointReader> reader(
+      new CheckpointReader(*std::move(metadata), *std::move(layout)));
+  reader->iteration_dir_ = *dir;
+  reader->model_files_ = std::move(model_files);
+  reader->optimizer_files_ = std::move(optimizer_files);
   return reader;
 }
 

@@ -32,11 +32,21 @@ class FullTensorSource {
 absl::Status VerifyShardFile(const ModelLayout& layout, int tp_rank, int pp_rank, bool optimizer,
                              const SafetensorsFile& file);
 
+struct CheckpointReadOptions {
+  // Also check the tensors' contents (checkpoint_verify.h): one read of every shard file. The
+  // tools' --no-verify-checkpoint turns it off.
+  bool verify = true;
+};
+
 class CheckpointReader : public FullTensorSource {
  public:
-  // Opens `iteration` of `checkpoint_dir` (the tracker's when unset) and verifies every shard.
+  // Opens `iteration` of `checkpoint_dir` (the tracker's when unset) and verifies every shard:
+  // its structure always, its contents unless `options.verify` is off. The counts metadata.json
+  // claims (layers, ranks) are checked against the shard files present before anything is sized
+  // by them.
   static absl::StatusOr<std::unique_ptr<CheckpointReader>> Open(const std::string& checkpoint_dir,
-                                                                std::optional<int64_t> iteration);
+                                                                std::optional<int64_t> iteration,
+                                                                CheckpointReadOptions options = {});
 
   const CheckpointMetadata& metadata() const { return metadata_; }
   const ModelLayout& layout() const { return layout_; }

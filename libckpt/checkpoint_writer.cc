@@ -8,8 +8,9 @@
 #include <filesystem>
 
 #include "absl/container/flat_hash_map.h"
-#include "libckpt/file_util.h"
+#include "libckpt/checkpoint_verify.h"
 #include "libckpt/strings.h"
+#include "libfs/atomic_file.h"
 
 namespace leantron::ckpt {
 namespace {
@@ -34,6 +35,17 @@ std::vector<TensorSpec> OptimizerSpecs(const ModelLayout& layout, int pp_rank) {
   return specs;
 }
 
+// A shard file names its rank and stores every tensor's checksum (checkpoint_verify.h).
+absl::StatusOr<std::unique_ptr<SafetensorsWriter>> CreateShardWriter(const std::string& path,
+                                                                     std::vector<TensorSpec> specs,
+                                                                     int tp_rank, int pp_rank) {
+  return SafetensorsWriter::Create(path, std::move(specs),
+                                   {{"format", "pt"},
+                                    {kShardTpRankKey, std::to_string(tp_rank)},
+                                    {kShardPpRankKey, std::to_string(pp_rank)}},
+                                   /*checksums=*/true);
+}
+
 absl::Status MakeDirs(const fs::path& dir) {
   std::error_code error;
   fs::create_directories(dir, error);
@@ -42,6 +54,36 @@ absl::Status MakeDirs(const fs::path& dir) {
 }
 
 }  // namespace
+
+absl::Status CheckSaveDestination(const std::string& checkpoint_dir, int64_t iteration,
+                                  bool overwrite) {
+  std::error_code error;
+  if (overwrite || !fs::exists(checkpoint_dir, error)) return absl::OkStatus();
+  if (!fs::is_directory(checkpoint_dir, error)) {
+    return absl::FailedPreconditionError(
+        Cat(checkpoint_dir, ": exists and is not a directory; choose another --save"));
+  }
+  if (fs::is_empty(checkpoint_dir, error)) return absl::OkStatus();
+  const std::string hint = " (--overwrite replaces it)";
+  if (!fs::exists(fs::path(checkpoint_dir) / kTrackerFileName, error)) {
+    return absl::FailedPreconditionError(
+        Cat(checkpoint_dir, ": not empty and not a checkpoint directory", hint));
+  }
+  auto latest = ReadLatestIteration(checkpoint_dir);
+  if (!latest.ok()) {
+    return absl::FailedPreconditionError(Cat(latest.status().message(), hint));
+  }
+  if (fs::exists(fs::path(checkpoint_dir) / IterationDirName(iteration), error)) {
+    return absl::FailedPreconditionError(
+        Cat(checkpoint_dir, " already holds ", IterationDirName(iteration), hint));
+  }
+  if (iteration <= *latest) {
+    return absl::FailedPreconditionError(Cat(checkpoint_dir, "'s latest iteration is ", *latest,
+                                             "; saving iteration ", iteration,
+                                             " there would move its tracker back", hint));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::string> PrepareCheckpointSave(const std::string& checkpoint_dir,
                                                   int64_t iteration) {
@@ -62,7 +104,8 @@ absl::Status WriteRankShard(const std::string& temp_dir, const ModelLayout& layo
   if (auto s = MakeDirs(shard_dir); !s.ok()) return s;
   auto write = [&](const char* file_name, std::vector<TensorSpec> specs,
                    std::vector<std::pair<TensorKind, const std::vector<RankTensor>*>> groups) {
-    auto writer = SafetensorsWriter::Create((shard_dir / file_name).string(), std::move(specs));
+    auto writer =
+        CreateShardWriter((shard_dir / file_name).string(), std::move(specs), tp_rank, pp_rank);
     if (!writer.ok()) return writer.status();
     for (auto [kind, tensors] : groups) {
       for (const RankTensor& tensor : *tensors) {
@@ -96,8 +139,10 @@ absl::Status CommitCheckpointSave(const std::string& checkpoint_dir, const std::
   };
   auto layout = ModelLayout::Create(metadata.config, metadata.parallel);
   if (!layout.ok()) return layout.status();
-  if (auto s = WriteFileAtomically((fs::path(temp_dir) / kMetadataFileName).string(),
-                                   CheckpointMetadataToJson(metadata, *layout));
+  CheckpointMetadata saved = metadata;
+  saved.checksums = true;  // Every shard writer above stores them.
+  if (auto s = leantron::fs::WriteFileAtomically((fs::path(temp_dir) / kMetadataFileName).string(),
+                                                 CheckpointMetadataToJson(saved, *layout));
       !s.ok()) {
     return s;
   }
@@ -112,10 +157,10 @@ absl::Status CommitCheckpointSave(const std::string& checkpoint_dir, const std::
         if (!file.ok()) return file.status();
         if (auto s = VerifyShardFile(*layout, tp, pp, optimizer, **file); !s.ok()) return s;
       }
-      if (auto s = FsyncPath(shard_dir.string()); !s.ok()) return s;
+      if (auto s = leantron::fs::FsyncPath(shard_dir.string()); !s.ok()) return s;
     }
   }
-  if (auto s = FsyncPath(temp_dir); !s.ok()) return s;
+  if (auto s = leantron::fs::FsyncPath(temp_dir); !s.ok()) return s;
   step("verified");
   const fs::path final_dir = fs::path(checkpoint_dir) / IterationDirName(metadata.iteration);
   if (fs::exists(final_dir)) {
@@ -130,9 +175,9 @@ absl::Status CommitCheckpointSave(const std::string& checkpoint_dir, const std::
   } else if (::rename(temp_dir.c_str(), final_dir.c_str()) != 0) {
     return absl::InternalError(Cat(final_dir.string(), ": rename failed: ", std::strerror(errno)));
   }
-  if (auto s = FsyncPath(checkpoint_dir); !s.ok()) return s;
+  if (auto s = leantron::fs::FsyncPath(checkpoint_dir); !s.ok()) return s;
   step("renamed");
-  if (auto s = WriteFileAtomically(
+  if (auto s = leantron::fs::WriteFileAtomically(
           (fs::path(checkpoint_dir) / kTrackerFileName).string(),
           metadata.iteration < 0 ? std::string("release") : std::to_string(metadata.iteration));
       !s.ok()) {
@@ -159,13 +204,13 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Create(
     for (int tp = 0; tp < p.tp; ++tp) {
       const fs::path shard_dir = fs::path(*temp) / writer->layout_.ShardDirName(tp, pp);
       if (auto s = MakeDirs(shard_dir); !s.ok()) return s;
-      auto model = SafetensorsWriter::Create((shard_dir / kModelFileName).string(),
-                                             ShardSpecs(writer->layout_, pp, TensorKind::kParam));
+      auto model = CreateShardWriter((shard_dir / kModelFileName).string(),
+                                     ShardSpecs(writer->layout_, pp, TensorKind::kParam), tp, pp);
       if (!model.ok()) return model.status();
       writer->model_writers_[pp].push_back(*std::move(model));
       if (metadata.has_optimizer) {
-        auto optimizer = SafetensorsWriter::Create((shard_dir / kOptimizerFileName).string(),
-                                                   OptimizerSpecs(writer->layout_, pp));
+        auto optimizer = CreateShardWriter((shard_dir / kOptimizerFileName).string(),
+                                           OptimizerSpecs(writer->layout_, pp), tp, pp);
         if (!optimizer.ok()) return optimizer.status();
         writer->optimizer_writers_[pp].push_back(*std::move(optimizer));
       }

@@ -32,6 +32,13 @@ namespace leantron::ckpt {
 // can report progress; tests use it to kill the writer at every step.
 using SaveProgress = std::function<void(std::string_view step)>;
 
+// Whether a tool may save `iteration` into `checkpoint_dir`: yes when the directory is absent or
+// empty, or is a checkpoint directory whose tracker is older than `iteration` and that lacks it;
+// otherwise only with `overwrite` (which replaces the iteration and points the tracker at it).
+// Refusing keeps a trained iteration (and its optimizer state) from being replaced by mistake.
+absl::Status CheckSaveDestination(const std::string& checkpoint_dir, int64_t iteration,
+                                  bool overwrite);
+
 // Creates a fresh <dir>/iter_XXXXXXX.tmp (removing a stale one from a crashed save); returns it.
 absl::StatusOr<std::string> PrepareCheckpointSave(const std::string& checkpoint_dir,
                                                   int64_t iteration);

@@ -1,5 +1,7 @@
 #include "libckpt/hf_config.h"
 
+#include <cmath>
+
 #include "absl/strings/str_format.h"
 #include "libckpt/strings.h"
 #include "simdjson.h"
@@ -24,6 +26,39 @@ bool OptionalBool(simdjson::dom::object o, const char* key, bool* out) {
   return e.get(*out) == simdjson::SUCCESS;
 }
 
+// Optional number: absent or null leaves `out` unchanged; anything else but a finite number fails.
+bool OptionalDouble(simdjson::dom::object o, const char* key, double* out) {
+  simdjson::dom::element e;
+  if (o[key].get(e) != simdjson::SUCCESS || e.is_null()) return true;
+  double v;
+  if (e.get(v) != simdjson::SUCCESS || !std::isfinite(v)) return false;
+  *out = v;
+  return true;
+}
+
+// Nothing but rotary positions as they are (no scaling) is applied by the trainer, so a config
+// asking for another RoPE variant is refused here rather than carried along and ignored.
+absl::Status CheckRopeScaling(simdjson::dom::object o, std::string_view source) {
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    simdjson::dom::element e;
+    if (o[key].get(e) != simdjson::SUCCESS || e.is_null()) continue;
+    simdjson::dom::object scaling;
+    if (e.get(scaling) != simdjson::SUCCESS) return Missing(source, key);
+    std::string_view type = "default";
+    for (const char* type_key : {"rope_type", "type"}) {
+      simdjson::dom::element t;
+      if (scaling[type_key].get(t) != simdjson::SUCCESS || t.is_null()) continue;
+      if (t.get(type) != simdjson::SUCCESS) return Missing(source, key);
+    }
+    if (type != "default") {
+      return absl::InvalidArgumentError(
+          Cat(source, ": ", key, " of type '", type,
+              "' is not supported (only unscaled rotary positions are implemented)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::string RawOrEmpty(simdjson::dom::object o, const char* key) {
   simdjson::dom::element e;
   if (o[key].get(e) != simdjson::SUCCESS || e.is_null()) return "";
@@ -44,8 +79,9 @@ absl::StatusOr<HfModelInfo> ParseGpt2(simdjson::dom::object o, std::string_view 
   }
   ModelConfig c = Gpt2StyleConfig(layers, hidden, heads, vocab, positions);
   if (!OptionalInt(o, "n_inner", &c.ffn_hidden_size)) return Missing(source, "n_inner");
-  double eps;
-  if (o["layer_norm_epsilon"].get(eps) == simdjson::SUCCESS) c.norm_epsilon = eps;
+  if (!OptionalDouble(o, "layer_norm_epsilon", &c.norm_epsilon)) {
+    return Missing(source, "layer_norm_epsilon");
+  }
   std::string_view act = "gelu_new";
   if (o["activation_function"].get(act) != simdjson::SUCCESS &&
       o["activation_function"].error() != simdjson::NO_SUCH_FIELD) {
@@ -94,14 +130,14 @@ absl::StatusOr<HfModelInfo> ParseLlama(simdjson::dom::object o, std::string_view
     return absl::InvalidArgumentError(
         Cat(source, ": unsupported hidden_act '", act, "' (need silu)"));
   }
-  double value;
-  if (o["rms_norm_eps"].get(value) == simdjson::SUCCESS) c.norm_epsilon = value;
-  if (o["rope_theta"].get(value) == simdjson::SUCCESS) {
-    c.rotary_base = value;
-  } else if (o["rope_parameters"]["rope_theta"].get(value) == simdjson::SUCCESS) {
-    c.rotary_base = value;
+  if (!OptionalDouble(o, "rms_norm_eps", &c.norm_epsilon)) return Missing(source, "rms_norm_eps");
+  if (!OptionalDouble(o, "rope_theta", &c.rotary_base)) return Missing(source, "rope_theta");
+  simdjson::dom::object rope_parameters;
+  if (o["rope_parameters"].get(rope_parameters) == simdjson::SUCCESS &&
+      !OptionalDouble(rope_parameters, "rope_theta", &c.rotary_base)) {
+    return Missing(source, "rope_parameters.rope_theta");
   }
-  c.rope_scaling_json = RawOrEmpty(o, "rope_scaling");
+  if (auto s = CheckRopeScaling(o, source); !s.ok()) return s;
   bool tie = false, attention_bias = false, mlp_bias = false;
   if (!OptionalBool(o, "tie_word_embeddings", &tie)) return Missing(source, "tie_word_embeddings");
   if (!OptionalBool(o, "attention_bias", &attention_bias) || attention_bias) {

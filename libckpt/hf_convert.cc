@@ -1,17 +1,20 @@
 #include "libckpt/hf_convert.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "libckpt/checkpoint_reader.h"
 #include "libckpt/checkpoint_writer.h"
-#include "libckpt/file_util.h"
 #include "libckpt/hf_config.h"
 #include "libckpt/hf_mapping.h"
 #include "libckpt/strings.h"
+#include "libfs/atomic_file.h"
 #include "simdjson.h"
 
 namespace leantron::ckpt {
@@ -52,17 +55,39 @@ bool IsIgnoredHfTensor(std::string_view name) {
          absl::EndsWith(ToAbsl(name), "rotary_emb.inv_freq");
 }
 
+// Distinct layer indices in HF tensor names ("...h.<i>." for GPT-2, "...layers.<i>." for Llama).
+int64_t CountLayers(const std::vector<std::string>& names) {
+  absl::flat_hash_set<std::string> layers;
+  for (const std::string& name : names) {
+    const std::vector<absl::string_view> parts = absl::StrSplit(name, '.');
+    for (size_t i = 0; i + 2 < parts.size(); ++i) {
+      if ((parts[i] == "h" || parts[i] == "layers") && !parts[i + 1].empty() &&
+          std::all_of(parts[i + 1].begin(), parts[i + 1].end(), absl::ascii_isdigit)) {
+        layers.insert(std::string(parts[i + 1]));
+      }
+    }
+  }
+  return static_cast<int64_t>(layers.size());
+}
+
 class HfSource : public FullTensorSource {
  public:
   static absl::StatusOr<std::unique_ptr<HfSource>> Open(const std::string& dir,
                                                         int64_t vocab_divisor) {
     const std::string config_path = (fs::path(dir) / "config.json").string();
-    auto text = ReadFileToString(config_path);
+    auto text = leantron::fs::ReadFileToString(config_path);
     if (!text.ok()) return text.status();
     auto info = ParseHfConfig(*text, config_path);
     if (!info.ok()) return info.status();
     auto files = HfTensorFiles::Open(dir);
     if (!files.ok()) return files.status();
+    // The counts config.json claims size everything below: check the layer count against the
+    // tensors present first (each layer's tensors carry its index in their names).
+    if (const int64_t present = CountLayers((*files)->Names());
+        info->config.num_layers != present) {
+      return absl::InvalidArgumentError(Cat(config_path, ": claims ", info->config.num_layers,
+                                            " layers but the safetensors files hold ", present));
+    }
     std::unique_ptr<HfSource> source(new HfSource());
     source->info_ = *std::move(info);
     source->info_.config.make_vocab_size_divisible_by = vocab_divisor;
@@ -170,6 +195,9 @@ absl::Status ImportHfCheckpoint(const std::string& hf_dir, const std::string& sa
                                 const HfImportOptions& options) {
   auto source = HfSource::Open(hf_dir, options.make_vocab_size_divisible_by);
   if (!source.ok()) return source.status();
+  if (auto s = CheckSaveDestination(save_dir, options.iteration, options.overwrite); !s.ok()) {
+    return s;
+  }
   CheckpointMetadata metadata;
   metadata.config = (*source)->info().config;
   metadata.parallel = options.target;
@@ -187,11 +215,36 @@ absl::Status ImportHfCheckpoint(const std::string& hf_dir, const std::string& sa
 
 absl::Status ExportHfCheckpoint(const std::string& load_dir, const std::string& hf_dir,
                                 const HfExportOptions& options) {
-  auto reader = CheckpointReader::Open(load_dir, options.iteration);
+  std::error_code error;
+  if (!options.overwrite && fs::exists(hf_dir, error) &&
+      !(fs::is_directory(hf_dir, error) && fs::is_empty(hf_dir, error))) {
+    return absl::FailedPreconditionError(
+        Cat(hf_dir, ": not empty (--overwrite replaces the folder as a whole)"));
+  }
+  auto reader = CheckpointReader::Open(load_dir, options.iteration, {.verify = options.verify});
   if (!reader.ok()) return reader.status();
   const CheckpointMetadata& metadata = (*reader)->metadata();
   auto architecture = HfArchitectureFor(metadata.config);
   if (!architecture.ok()) return architecture.status();
+  if (!metadata.config.rope_scaling_json.empty()) {
+    return absl::InvalidArgumentError(Cat(load_dir, ": the checkpoint's rope_scaling ",
+                                          metadata.config.rope_scaling_json,
+                                          " is not supported (only unscaled rotary positions)"));
+  }
+  // The export is written into a folder of its own beside the destination and swapped in when
+  // complete: the destination then holds exactly this export (no stale shard or index beside it),
+  // and a failure leaves it as it was.
+  fs::path final_path = fs::path(hf_dir).lexically_normal();
+  if (!final_path.has_filename()) final_path = final_path.parent_path();  // "out/hf/"
+  const std::string final_dir = final_path.string();
+  const std::string out_dir = leantron::fs::TempPathFor(final_dir);
+  struct RemoveOnExit {
+    std::string dir;
+    ~RemoveOnExit() {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+    }
+  } cleanup{out_dir};
   // Full tensors are requested in the TP = 1, PP = 1 layout of the same model.
   auto layout = ModelLayout::Create(metadata.config, {1, 1, 1});
   if (!layout.ok()) return layout.status();
@@ -203,7 +256,7 @@ absl::Status ExportHfCheckpoint(const std::string& load_dir, const std::string& 
           {tensor.name, metadata.config.params_dtype, {tensor.shape.begin(), tensor.shape.end()}});
     }
   }
-  auto writer = HfShardedWriter::Create(hf_dir, std::move(specs), options.max_shard_bytes);
+  auto writer = HfShardedWriter::Create(out_dir, std::move(specs), options.max_shard_bytes);
   if (!writer.ok()) return writer.status();
   Tensor full;
   std::vector<Tensor> hf;
@@ -246,16 +299,17 @@ absl::Status ExportHfCheckpoint(const std::string& load_dir, const std::string& 
     if (info.bos_token_id_json.empty()) info.bos_token_id_json = eod;
     if (info.eos_token_id_json.empty()) info.eos_token_id_json = eod;
   }
-  if (auto s = WriteFileAtomically((fs::path(hf_dir) / "config.json").string(), HfConfigJson(info));
+  if (auto s = leantron::fs::WriteFileAtomically((fs::path(out_dir) / "config.json").string(),
+                                                 HfConfigJson(info));
       !s.ok()) {
     return s;
   }
   if (options.copy_tokenizer_files) {
     const fs::path from = options.tokenizer_dir.empty() ? fs::path(load_dir) / "tokenizer"
                                                         : fs::path(options.tokenizer_dir);
-    return CopyTokenizerFiles(from, hf_dir);
+    if (auto s = CopyTokenizerFiles(from, out_dir); !s.ok()) return s;
   }
-  return absl::OkStatus();
+  return leantron::fs::ReplaceDirectory(out_dir, final_dir);
 }
 
 }  // namespace leantron::ckpt

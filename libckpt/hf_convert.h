@@ -19,6 +19,7 @@ struct HfImportOptions {
   int64_t make_vocab_size_divisible_by = 128;
   // Copy tokenizer files (vocab.json, merges.txt, tokenizer.json, ...) into <save>/tokenizer/.
   bool copy_tokenizer_files = false;
+  bool overwrite = false;  // See CheckSaveDestination.
 };
 
 absl::Status ImportHfCheckpoint(const std::string& hf_dir, const std::string& save_dir,
@@ -29,6 +30,11 @@ struct HfExportOptions {
   uint64_t max_shard_bytes = kHfDefaultMaxShardBytes;
   bool copy_tokenizer_files = false;
   std::string tokenizer_dir;  // Where to copy them from; <load>/tokenizer when empty.
+  // The folder is written beside its destination and renamed into place when complete, so it
+  // holds exactly this export. A destination that holds anything is refused unless `overwrite`,
+  // which replaces the folder as a whole.
+  bool overwrite = false;
+  bool verify = true;  // Verify the checkpoint's checksums (CheckpointReader::Options).
 };
 
 absl::Status ExportHfCheckpoint(const std::string& load_dir, const std::string& hf_dir,

@@ -5,8 +5,9 @@
 #include <map>
 
 #include "absl/strings/str_format.h"
-#include "libckpt/file_util.h"
+#include "libckpt/json_quote.h"
 #include "libckpt/strings.h"
+#include "libfs/atomic_file.h"
 #include "simdjson.h"
 
 namespace leantron::ckpt {
@@ -19,7 +20,7 @@ absl::StatusOr<std::unique_ptr<HfTensorFiles>> HfTensorFiles::Open(const std::st
   const fs::path index_path = fs::path(dir) / kHfIndexFile;
   std::vector<std::string> file_names;
   if (fs::exists(index_path)) {
-    auto text = ReadFileToString(index_path.string());
+    auto text = leantron::fs::ReadFileToString(index_path.string());
     if (!text.ok()) return text.status();
     simdjson::dom::parser parser;
     simdjson::dom::object weight_map;
@@ -142,7 +143,7 @@ absl::Status HfShardedWriter::Finish() {
     first = false;
   }
   json += "\n  }\n}\n";
-  return WriteFileAtomically(index_path.string(), json);
+  return leantron::fs::WriteFileAtomically(index_path.string(), json);
 }
 
 }  // namespace leantron::ckpt

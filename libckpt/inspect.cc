@@ -40,8 +40,9 @@ double L2Norm(const Tensor& tensor) {
 }  // namespace
 
 absl::Status PrintCheckpointSummary(const std::string& checkpoint_dir,
-                                    std::optional<int64_t> iteration, std::ostream& out) {
-  auto reader = CheckpointReader::Open(checkpoint_dir, iteration);
+                                    std::optional<int64_t> iteration, std::ostream& out,
+                                    bool verify) {
+  auto reader = CheckpointReader::Open(checkpoint_dir, iteration, {.verify = verify});
   if (!reader.ok()) return reader.status();
   const CheckpointMetadata& m = (*reader)->metadata();
   const ModelLayout& layout = (*reader)->layout();

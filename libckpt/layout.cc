@@ -280,9 +280,13 @@ std::optional<std::span<const std::byte>> ModelLayout::ContiguousShard(
   return full.subspan(begin, size);
 }
 
-std::string ModelLayout::ShardDirName(int tp_rank, int pp_rank) const {
-  if (parallel_.pp == 1) return absl::StrFormat("mp_rank_%02d", tp_rank);
+std::string ShardDirName(int tp_rank, int pp_rank, int pp_size) {
+  if (pp_size == 1) return absl::StrFormat("mp_rank_%02d", tp_rank);
   return absl::StrFormat("mp_rank_%02d_%03d", tp_rank, pp_rank);
+}
+
+std::string ModelLayout::ShardDirName(int tp_rank, int pp_rank) const {
+  return ckpt::ShardDirName(tp_rank, pp_rank, parallel_.pp);
 }
 
 }  // namespace leantron::ckpt

@@ -55,6 +55,9 @@ struct SplitPiece {
   int64_t count = 0;
 };
 
+// Megatron's shard directory name: mp_rank_{tp:02d} (PP = 1) or mp_rank_{tp:02d}_{pp:03d}.
+std::string ShardDirName(int tp_rank, int pp_rank, int pp_size);
+
 // Megatron's default: ceil(V / (divisor * tp)) * (divisor * tp).
 int64_t PaddedVocabSize(int64_t vocab_size, int64_t divisor, int tp);
 

@@ -3,7 +3,6 @@
 #include <cmath>
 
 #include "absl/strings/str_format.h"
-#include "libckpt/file_util.h"
 #include "libckpt/strings.h"
 #include "simdjson.h"
 
@@ -17,7 +16,7 @@ ModelConfig Gpt2StyleConfig(int64_t num_layers, int64_t hidden_size, int64_t num
   c.ffn_hidden_size = 4 * hidden_size;
   c.num_attention_heads = num_heads;
   c.num_query_groups = num_heads;
-  c.kv_channels = hidden_size / num_heads;
+  c.kv_channels = num_heads > 0 ? hidden_size / num_heads : 0;  // Validation refuses 0 heads.
   c.vocab_size = vocab_size;
   c.max_position_embeddings = max_positions;
   c.normalization = NormType::kLayerNorm;
@@ -39,7 +38,7 @@ ModelConfig LlamaStyleConfig(int64_t num_layers, int64_t hidden_size, int64_t ff
   c.ffn_hidden_size = ffn_hidden_size;
   c.num_attention_heads = num_heads;
   c.num_query_groups = num_query_groups;
-  c.kv_channels = hidden_size / num_heads;
+  c.kv_channels = num_heads > 0 ? hidden_size / num_heads : 0;  // Validation refuses 0 heads.
   c.vocab_size = vocab_size;
   c.max_position_embeddings = max_positions;
   c.normalization = NormType::kRMSNorm;
@@ -53,8 +52,13 @@ ModelConfig LlamaStyleConfig(int64_t num_layers, int64_t hidden_size, int64_t ff
 }
 
 absl::Status ValidateModelConfig(const ModelConfig& c) {
-  auto positive = [](int64_t v, const char* name) -> absl::Status {
+  // Bounded so that no shape product computed from them overflows int64.
+  constexpr int64_t kMax = int64_t{1} << 31;
+  auto positive = [&](int64_t v, const char* name) -> absl::Status {
     if (v <= 0) return absl::InvalidArgumentError(Cat("model config: ", name, " must be positive"));
+    if (v > kMax) {
+      return absl::InvalidArgumentError(Cat("model config: ", name, " ", v, " exceeds ", kMax));
+    }
     return absl::OkStatus();
   };
   for (auto [v, name] : {std::pair{c.num_layers, "num_layers"},
@@ -69,11 +73,22 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
   }
   if (c.position_embedding_type == PositionEmbedding::kLearnedAbsolute) {
     if (auto s = positive(c.max_position_embeddings, "max_position_embeddings"); !s.ok()) return s;
+  } else if (c.max_position_embeddings < 0 || c.max_position_embeddings > kMax) {
+    return absl::InvalidArgumentError("model config: max_position_embeddings out of range");
   }
   if (c.num_attention_heads % c.num_query_groups != 0) {
     return absl::InvalidArgumentError(Cat("model config: ", c.num_attention_heads,
                                           " attention heads are not divisible into ",
                                           c.num_query_groups, " query groups"));
+  }
+  // Written into metadata.json and config.json: NaN or infinity would not even be JSON.
+  if (!std::isfinite(c.norm_epsilon) || c.norm_epsilon < 0) {
+    return absl::InvalidArgumentError(
+        Cat("model config: norm_epsilon ", c.norm_epsilon, " is not a finite number >= 0"));
+  }
+  if (!std::isfinite(c.rotary_base) || c.rotary_base <= 0) {
+    return absl::InvalidArgumentError(
+        Cat("model config: rotary_base ", c.rotary_base, " is not a finite number > 0"));
   }
   if (DTypeSize(c.params_dtype) == 0) {
     return absl::InvalidArgumentError("model config: params_dtype must be a whole-byte type");

@@ -49,10 +49,13 @@ absl::Status ReshardCheckpoint(const std::string& load_dir, const std::string& s
   if (std::filesystem::equivalent(load_dir, save_dir, error)) {
     return absl::InvalidArgumentError("--save must differ from --load");
   }
-  auto reader = CheckpointReader::Open(load_dir, options.iteration);
+  auto reader = CheckpointReader::Open(load_dir, options.iteration, {.verify = options.verify});
   if (!reader.ok()) return reader.status();
   CheckpointMetadata metadata = (*reader)->metadata();
   metadata.parallel = options.target;
+  if (auto s = CheckSaveDestination(save_dir, metadata.iteration, options.overwrite); !s.ok()) {
+    return s;
+  }
   // Validate the target before creating anything on disk.
   if (auto layout = ModelLayout::Create(metadata.config, metadata.parallel); !layout.ok()) {
     return layout.status();

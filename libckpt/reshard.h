@@ -36,10 +36,13 @@ absl::StatusOr<RankState> LoadRankState(const std::string& checkpoint_dir,
 struct ReshardOptions {
   std::optional<int64_t> iteration;  // The tracker's when unset.
   ParallelConfig target;
+  bool overwrite = false;  // See CheckSaveDestination.
+  bool verify = true;      // Verify the source's checksums (CheckpointReader::Options).
 };
 
 // Rewrites a checkpoint in another layout, optimizer state included, streaming one parameter at a
-// time. The saved iteration becomes the target directory's latest.
+// time. The saved iteration becomes the target directory's latest. A destination that holds data
+// is refused unless options.overwrite (CheckSaveDestination).
 absl::Status ReshardCheckpoint(const std::string& load_dir, const std::string& save_dir,
                                const ReshardOptions& options);
 

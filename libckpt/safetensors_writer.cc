@@ -1,36 +1,23 @@
 #include "libckpt/safetensors_writer.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <numeric>
 
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "libckpt/file_util.h"
+#include "libckpt/json_quote.h"
 #include "libckpt/strings.h"
+#include "xxhash.h"
 
 namespace leantron::ckpt {
-namespace {
 
-absl::Status PwriteAll(int fd, const std::byte* data, size_t size, uint64_t offset,
-                       const std::string& path) {
-  while (size > 0) {
-    ssize_t n = ::pwrite(fd, data, size, static_cast<off_t>(offset));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return absl::InternalError(Cat(path, ": write failed: ", std::strerror(errno)));
-    }
-    data += n;
-    size -= static_cast<size_t>(n);
-    offset += static_cast<uint64_t>(n);
-  }
-  return absl::OkStatus();
+std::string ChecksumKey(std::string_view tensor_name) { return Cat("xxh3_64:", tensor_name); }
+
+std::string TensorChecksum(std::span<const std::byte> data) {
+  return absl::StrFormat("%016x", XXH3_64bits(data.data(), data.size()));
 }
-
-}  // namespace
 
 uint64_t TensorSpec::num_bytes() const {
   uint64_t n = DTypeSize(dtype);
@@ -77,10 +64,10 @@ std::string BuildSafetensorsHeader(const std::vector<TensorSpec>& tensors,
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
-    std::string path, std::vector<TensorSpec> tensors, SafetensorsMetadata metadata) {
+    std::string path, std::vector<TensorSpec> tensors, SafetensorsMetadata metadata,
+    bool checksums) {
   std::unique_ptr<SafetensorsWriter> writer(new SafetensorsWriter());
   writer->path_ = std::move(path);
-  writer->temp_path_ = writer->path_ + ".tmp";
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (DTypeSize(tensors[i].dtype) == 0) {
       return absl::InvalidArgumentError(Cat(writer->path_, ": tensor '", tensors[i].name,
@@ -91,35 +78,31 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
           Cat(writer->path_, ": tensor name '", tensors[i].name, "' is reserved or duplicate"));
     }
   }
-  std::string header = BuildSafetensorsHeader(tensors, metadata, &writer->offsets_);
+  writer->checksums_ = checksums;
+  if (checksums) {
+    writer->checksum_base_ = metadata.size();
+    // Placeholders of the final length: Finish() rewrites the header in place.
+    for (const TensorSpec& spec : tensors) {
+      metadata.emplace_back(ChecksumKey(spec.name), std::string(16, '0'));
+    }
+  }
+  writer->metadata_ = std::move(metadata);
+  std::string header = BuildSafetensorsHeader(tensors, writer->metadata_, &writer->offsets_);
   for (const TensorSpec& spec : tensors) writer->data_size_ += spec.num_bytes();
   writer->tensors_ = std::move(tensors);
   writer->written_.assign(writer->tensors_.size(), false);
-  writer->fd_ = ::open(writer->temp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (writer->fd_ < 0) {
-    return absl::InternalError(Cat(writer->temp_path_, ": cannot create: ", std::strerror(errno)));
-  }
+  auto file = fs::AtomicFileWriter::Create(writer->path_);
+  if (!file.ok()) return file.status();
+  writer->file_ = *std::move(file);
   std::byte length[8];
   uint64_t n = header.size();
   for (int i = 0; i < 8; ++i) length[i] = static_cast<std::byte>((n >> (8 * i)) & 0xff);
   writer->data_start_ = 8 + n;
-  if (auto s = PwriteAll(writer->fd_, length, 8, 0, writer->temp_path_); !s.ok()) return s;
-  if (auto s = PwriteAll(writer->fd_, reinterpret_cast<const std::byte*>(header.data()), n, 8,
-                         writer->temp_path_);
-      !s.ok()) {
-    return s;
-  }
+  if (auto s = writer->file_.WriteAt(0, length, 8); !s.ok()) return s;
+  if (auto s = writer->file_.WriteAt(8, header.data(), n); !s.ok()) return s;
   // Size the file now so zero-byte tensors and out-of-order writes leave no gap to fill.
-  if (::ftruncate(writer->fd_, static_cast<off_t>(writer->data_start_ + writer->data_size_)) != 0) {
-    return absl::InternalError(
-        Cat(writer->temp_path_, ": cannot size file: ", std::strerror(errno)));
-  }
+  if (auto s = writer->file_.Truncate(writer->data_start_ + writer->data_size_); !s.ok()) return s;
   return writer;
-}
-
-SafetensorsWriter::~SafetensorsWriter() {
-  if (fd_ >= 0) ::close(fd_);
-  if (!finished_) ::unlink(temp_path_.c_str());
 }
 
 absl::Status SafetensorsWriter::Write(std::string_view name, std::span<const std::byte> data) {
@@ -135,10 +118,10 @@ absl::Status SafetensorsWriter::Write(std::string_view name, std::span<const std
     return absl::InvalidArgumentError(Cat(path_, ": tensor '", name, "' has ", data.size(),
                                           " bytes, expected ", tensors_[i].num_bytes()));
   }
-  if (auto s = PwriteAll(fd_, data.data(), data.size(), data_start_ + offsets_[i], temp_path_);
-      !s.ok()) {
+  if (auto s = file_.WriteAt(data_start_ + offsets_[i], data.data(), data.size()); !s.ok()) {
     return s;
   }
+  if (checksums_) metadata_[checksum_base_ + i].second = TensorChecksum(data);
   written_[i] = true;
   return absl::OkStatus();
 }
@@ -150,16 +133,15 @@ absl::Status SafetensorsWriter::Finish() {
           Cat(path_, ": tensor '", tensors_[i].name, "' was never written"));
     }
   }
-  if (::fsync(fd_) != 0) {
-    return absl::InternalError(Cat(temp_path_, ": fsync failed: ", std::strerror(errno)));
+  if (checksums_) {
+    std::vector<uint64_t> offsets;
+    const std::string header = BuildSafetensorsHeader(tensors_, metadata_, &offsets);
+    if (8 + header.size() != data_start_) {
+      return absl::InternalError(Cat(path_, ": header changed length"));
+    }
+    if (auto s = file_.WriteAt(8, header.data(), header.size()); !s.ok()) return s;
   }
-  ::close(fd_);
-  fd_ = -1;
-  if (::rename(temp_path_.c_str(), path_.c_str()) != 0) {
-    return absl::InternalError(Cat(path_, ": rename failed: ", std::strerror(errno)));
-  }
-  finished_ = true;
-  return FsyncParentDir(path_);
+  return file_.Commit();
 }
 
 absl::Status WriteSafetensors(const std::string& path, const std::vector<NamedTensorData>& tensors,

@@ -1,7 +1,8 @@
 // Streaming, atomic safetensors writer. The full tensor list is declared up front (the header holds
 // every offset), then tensor data arrives one tensor at a time, in any order, so a caller never
 // holds more than the tensor it is writing. The file appears under its final name only after
-// Finish().
+// Finish(). On request the header's "__metadata__" also holds each tensor's XXH3-64 checksum
+// ("xxh3_64:<name>": 16 hex digits), filled in when the data is complete.
 #pragma once
 
 #include <cstddef>
@@ -16,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "libckpt/dtype.h"
+#include "libfs/atomic_file.h"
 
 namespace leantron::ckpt {
 
@@ -29,6 +31,10 @@ struct TensorSpec {
 
 using SafetensorsMetadata = std::vector<std::pair<std::string, std::string>>;
 
+// The "__metadata__" key of a tensor's checksum, and the checksum of its bytes as stored there.
+std::string ChecksumKey(std::string_view tensor_name);
+std::string TensorChecksum(std::span<const std::byte> data);
+
 // The header the reference writer produces for these tensors: entries ordered by dtype (widest
 // first) then name, "__metadata__" first, padded with spaces to a multiple of 8 bytes. Sets each
 // tensor's data offset in `offsets` (same order as `tensors`).
@@ -38,12 +44,12 @@ std::string BuildSafetensorsHeader(const std::vector<TensorSpec>& tensors,
 
 class SafetensorsWriter {
  public:
-  // Creates `path`.tmp and writes the header. Names must be unique.
-  static absl::StatusOr<std::unique_ptr<SafetensorsWriter>> Create(std::string path,
-                                                                   std::vector<TensorSpec> tensors,
-                                                                   SafetensorsMetadata metadata = {
-                                                                       {"format", "pt"}});
-  ~SafetensorsWriter();  // Removes the temporary file unless Finish() succeeded.
+  // Creates a temporary file beside `path` and writes the header. Names must be unique. With
+  // `checksums`, every tensor's checksum is stored after `metadata`'s entries.
+  static absl::StatusOr<std::unique_ptr<SafetensorsWriter>> Create(
+      std::string path, std::vector<TensorSpec> tensors,
+      SafetensorsMetadata metadata = {{"format", "pt"}}, bool checksums = false);
+  // Destroying an unfinished writer removes its temporary file.
   SafetensorsWriter(const SafetensorsWriter&) = delete;
   SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
 
@@ -58,15 +64,16 @@ class SafetensorsWriter {
  private:
   SafetensorsWriter() = default;
   std::string path_;
-  std::string temp_path_;
-  int fd_ = -1;
+  fs::AtomicFileWriter file_;
+  SafetensorsMetadata metadata_;
+  bool checksums_ = false;
+  size_t checksum_base_ = 0;  // metadata_ index of the first checksum
   uint64_t data_start_ = 0;
   uint64_t data_size_ = 0;
   std::vector<TensorSpec> tensors_;
   std::vector<uint64_t> offsets_;
   std::vector<bool> written_;
   absl::flat_hash_map<std::string, size_t> index_;
-  bool finished_ = false;
 };
 
 // Convenience for small files: writes all tensors at once.

@@ -15,7 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "libdata/bpe_merge.h"
-#include "libdata/file_util.h"
+#include "libfs/atomic_file.h"
 
 namespace leantron::data {
 namespace {
@@ -163,7 +163,7 @@ void BpeVocab::BuildTable() {
 }
 
 absl::StatusOr<BpeVocab> BpeVocab::FromTiktokenFile(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadFileToString(path);
+  absl::StatusOr<std::string> text = fs::ReadFileToString(path);
   if (!text.ok()) return text.status();
   return FromTiktokenText(*text, path);
 }
@@ -214,9 +214,9 @@ absl::StatusOr<BpeVocab> BpeVocab::FromTiktokenText(std::string_view text_view,
 
 absl::StatusOr<BpeVocab> BpeVocab::FromMegatronFiles(const std::string& vocab_json,
                                                      const std::string& merges_txt) {
-  absl::StatusOr<std::string> merges = ReadFileToString(merges_txt);
+  absl::StatusOr<std::string> merges = fs::ReadFileToString(merges_txt);
   if (!merges.ok()) return merges.status();
-  absl::StatusOr<std::string> json_text = ReadFileToString(vocab_json);
+  absl::StatusOr<std::string> json_text = fs::ReadFileToString(vocab_json);
   if (!json_text.ok()) return json_text.status();
   return FromMegatronText(*json_text, vocab_json, *merges, merges_txt);
 }
@@ -369,10 +369,11 @@ absl::Status ExportVocabFiles(const BpeVocab& vocab, const std::string& dir) {
   if (ec) return absl::InternalError(absl::StrCat(dir, ": cannot create: ", ec.message()));
   absl::StatusOr<std::string> merges = vocab.ToMergesText();
   if (!merges.ok()) return merges.status();
-  if (absl::Status st = WriteFileAtomically(dir + "/vocab.bpe", *merges); !st.ok()) return st;
-  if (absl::Status st = WriteFileAtomically(dir + "/encoder.json", vocab.ToEncoderJson()); !st.ok())
+  if (absl::Status st = fs::WriteFileAtomically(dir + "/vocab.bpe", *merges); !st.ok()) return st;
+  if (absl::Status st = fs::WriteFileAtomically(dir + "/encoder.json", vocab.ToEncoderJson());
+      !st.ok())
     return st;
-  return WriteFileAtomically(dir + "/gpt2.tiktoken", vocab.ToTiktokenText());
+  return fs::WriteFileAtomically(dir + "/gpt2.tiktoken", vocab.ToTiktokenText());
 }
 
 }  // namespace leantron::data

@@ -1,9 +1,11 @@
 #include "libdata/gpt_dataset.h"
 
+#include <unistd.h>
 #include <zlib.h>
 
 #include <cmath>
 #include <filesystem>
+#include <new>
 #include <regex>
 #include <utility>
 
@@ -110,6 +112,26 @@ std::vector<int64_t> ArangeShuffled(int64_t begin, int64_t end, NumpyRandomState
   return out;
 }
 
+// Every index a sample lookup follows stays inside its array and the dataset, so that even a
+// cache that passed its checksum by chance cannot make GetSample read out of bounds.
+bool IndicesInRange(const IndexedDataset& ds, const GptIndexParams& p, const MappedGptIndices& m) {
+  for (const int32_t d : m.document_index) {
+    if (d < p.begin || d >= p.end) return false;
+  }
+  const size_t rows = m.sample_index.size() / 2;
+  if (m.sample_index.size() % 2 != 0 || rows == 0) return false;
+  const int64_t docs = static_cast<int64_t>(m.document_index.size());
+  for (size_t r = 0; r < rows; ++r) {
+    const int64_t pos = m.sample_index[2 * r], offset = m.sample_index[2 * r + 1];
+    if (pos < 0 || pos >= docs) return false;
+    if (offset < -1 || offset > ds.sequence_length(m.document_index[pos])) return false;
+  }
+  for (const int64_t j : m.shuffle_index) {
+    if (j < 0 || static_cast<size_t>(j) + 1 >= rows) return false;
+  }
+  return true;
+}
+
 absl::StatusOr<std::string> DatasetIdentity(const IndexedDataset& ds) {
   // Content, not path or mtime: a copied dataset still hits, a rewritten one misses.
   const MappedFile& idx = ds.idx_file();
@@ -193,14 +215,36 @@ absl::StatusOr<GptIndices> BuildGptIndices(const IndexedDataset& ds, const GptIn
                                                    ") has ", T, " tokens; cannot make samples"));
   }
   GptIndices out;
-  // _get_num_epochs
+  // _get_num_epochs: the fewest epochs whose tokens cover the request.
   int64_t epochs = 1;
   if (p.num_samples) {
     if (*p.num_samples < 0) return absl::InvalidArgumentError("negative num_samples");
-    const int64_t requested = *p.num_samples * S + X;
-    for (int64_t tokens = T; tokens < requested; tokens += T) ++epochs;
+    int64_t requested;
+    if (__builtin_mul_overflow(*p.num_samples, S, &requested) ||
+        __builtin_add_overflow(requested, X, &requested)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          ds.prefix(), ": ", *p.num_samples, " samples of ", S, " tokens overflow a 64-bit count"));
+    }
+    if (requested > T) epochs = requested / T + (requested % T != 0);
   }
   out.num_epochs = epochs;
+  // The arrays are built in memory: refuse a request this machine cannot hold, with the numbers,
+  // rather than die of bad_alloc (or be killed) part way.
+  {
+    const double rows = static_cast<double>(p.end - p.begin) * static_cast<double>(epochs);
+    const double samples = p.num_samples ? static_cast<double>(*p.num_samples) : rows;
+    const double bytes = 4.0 * rows + 24.0 * samples;
+    const double memory = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
+                          static_cast<double>(::sysconf(_SC_PAGESIZE));
+    if (bytes > memory) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "%s: %d samples of %d tokens (%d epochs of the split's %d tokens) need %.1f GiB of "
+          "sample index, more than this machine's %.1f GiB of memory; ask for fewer samples "
+          "(--train-iters, --global-batch-size, --num-samples)",
+          ds.prefix(), p.num_samples.value_or(0), S, epochs, T, bytes / (1 << 30),
+          memory / (1 << 30)));
+    }
+  }
   int64_t n_sans = 0;
   if (epochs > 1) {
     n_sans = FloorDiv((epochs - 1) * T - X, S);
@@ -250,7 +294,9 @@ absl::StatusOr<std::unique_ptr<GptDataset>> GptDataset::Build(
     const std::string base = std::filesystem::path(ds.prefix()).filename().string();
     gpt->cache_path_ =
         absl::StrFormat("%s/%s.gpt-%016x.idxcache", cache_dir, base, StableHash64(key));
-    if (std::optional<MappedGptIndices> cached = LoadGptIndexCache(gpt->cache_path_, key)) {
+    std::optional<MappedGptIndices> cached = LoadGptIndexCache(gpt->cache_path_, key);
+    if (cached && !IndicesInRange(ds, params, *cached)) cached.reset();  // rebuilt below
+    if (cached) {
       gpt->mapped_ = std::move(cached->file);
       gpt->document_index_ = cached->document_index;
       gpt->sample_index_ = cached->sample_index;
@@ -261,7 +307,15 @@ absl::StatusOr<std::unique_ptr<GptDataset>> GptDataset::Build(
       return gpt;
     }
   }
-  absl::StatusOr<GptIndices> built = BuildGptIndices(ds, params);
+  absl::StatusOr<GptIndices> built;
+  try {
+    built = BuildGptIndices(ds, params);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(ds.prefix(),
+                     ": out of memory building the sample index; ask for fewer "
+                     "samples (--train-iters, --global-batch-size, --num-samples)"));
+  }
   if (!built.ok()) return built.status();
   gpt->owned_ = *std::move(built);
   gpt->num_epochs_ = gpt->owned_.num_epochs;

@@ -61,6 +61,12 @@ absl::StatusOr<Splits> BuildSplits(const GptDataConfig& config, const std::strin
   absl::StatusOr<IndexedDataset> opened = IndexedDataset::Open(prefix);
   if (!opened.ok()) return opened.status();
   auto ds = std::make_shared<const IndexedDataset>(*std::move(opened));
+  if (ds->num_sequences() == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(prefix,
+                     ": the dataset is empty (0 documents): nothing to make samples from (was the "
+                     "corpus empty, or every document blank?)"));
+  }
   Splits out;
   for (int j = 0; j < 3; ++j) {
     if (!m[j]) continue;

@@ -1,7 +1,9 @@
 // On-disk cache of a GPTDataset's index arrays: one file per configuration, named by a hash of a
 // key string that describes everything the arrays depend on. The full key is stored in the file
-// and compared on load, so a hash collision or a stale file is a miss, never wrong data. Arrays
-// are 8-byte aligned in the file so they can be used in place from a memory map.
+// and compared on load, so a hash collision or a stale file is a miss, never wrong data; so is a
+// damaged file, by an XXH3-64 checksum of the arrays (and GptDataset checks every index is in
+// range before using them). Arrays are 8-byte aligned in the file so they can be used in place
+// from a memory map.
 #pragma once
 
 #include <cstdint>

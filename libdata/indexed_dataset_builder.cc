@@ -1,5 +1,7 @@
 #include "libdata/indexed_dataset_builder.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <limits>
@@ -15,6 +17,12 @@ namespace {
 std::string DirectoryOf(const std::string& path) {
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   return parent.empty() ? std::string(".") : parent.string();
+}
+
+bool SameFile(const std::string& a, const std::string& b) {
+  struct stat sa, sb;
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
 }
 
 // Out is never wider than int64 and In is a signed integer, so int64 compares are exact.
@@ -53,7 +61,9 @@ absl::StatusOr<std::unique_ptr<IndexedDatasetBuilder>> IndexedDatasetBuilder::Cr
   b->prefix_ = prefix;
   b->dtype_ = dtype;
   const std::string dir = DirectoryOf(prefix);
-  absl::StatusOr<AtomicFileWriter> bin = AtomicFileWriter::Create(BinPath(prefix));
+  // Refuse before any work what would make the final renames fail.
+  if (absl::Status s = fs::CheckReplaceableFile(IdxPath(prefix)); !s.ok()) return s;
+  absl::StatusOr<fs::AtomicFileWriter> bin = fs::AtomicFileWriter::Create(BinPath(prefix));
   if (!bin.ok()) return bin.status();
   b->bin_ = *std::move(bin);
   absl::StatusOr<SpoolFile> lengths = SpoolFile::Create(dir);
@@ -218,9 +228,9 @@ absl::Status IndexedDatasetBuilder::AddIndex(const std::string& prefix) {
 
 absl::Status IndexedDatasetBuilder::Finalize() {
   if (finished_) return absl::FailedPreconditionError(prefix_ + ": builder already finished");
-  absl::StatusOr<AtomicFileWriter> idx_or = AtomicFileWriter::Create(IdxPath(prefix_));
+  absl::StatusOr<fs::AtomicFileWriter> idx_or = fs::AtomicFileWriter::Create(IdxPath(prefix_));
   if (!idx_or.ok()) return idx_or.status();
-  AtomicFileWriter idx = *std::move(idx_or);
+  fs::AtomicFileWriter idx = *std::move(idx_or);
   const uint64_t version = kIndexVersion;
   const uint8_t code = static_cast<uint8_t>(dtype_);
   const uint64_t num_sequences = static_cast<uint64_t>(num_sequences_);
@@ -250,12 +260,12 @@ absl::Status IndexedDatasetBuilder::Finalize() {
   }
   if (s.ok())
     s = doc_index_.ForEachChunk([&](const uint8_t* p, size_t n) { return idx.Write(p, n); });
-  if (s.ok()) s = bin_.Commit();
-  if (s.ok()) s = idx.Commit();
+  // The pair is replaced together or not at all: a failure here (a full disk, something in the
+  // way) leaves the previous <prefix>.bin/.idx as they were.
+  if (s.ok()) s = fs::CommitTogether({&bin_, &idx});
   finished_ = true;
   if (!s.ok()) {
     bin_.Abandon();
-    std::filesystem::remove(BinPath(prefix_));  // It may have been renamed before idx failed.
     idx.Abandon();
   }
   return s;
@@ -264,6 +274,19 @@ absl::Status IndexedDatasetBuilder::Finalize() {
 absl::Status MergeDatasets(const std::vector<std::string>& prefixes,
                            const std::string& output_prefix) {
   if (prefixes.empty()) return absl::InvalidArgumentError("no datasets to merge");
+  // Files, not spellings: "parts/x", "./parts/x" and "$PWD/parts/x" are one dataset.
+  for (const std::string& input : prefixes) {
+    for (const std::string& out : {BinPath(output_prefix), IdxPath(output_prefix)}) {
+      for (const std::string& in : {BinPath(input), IdxPath(input)}) {
+        if (SameFile(in, out)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "--output-prefix ", output_prefix, " is the input dataset ", input,
+              ": merging would overwrite it (and leave it out, or read it while writing it); "
+              "write the merge outside the input or move that dataset away"));
+        }
+      }
+    }
+  }
   absl::StatusOr<IndexedDataset> first = IndexedDataset::Open(prefixes.front());
   if (!first.ok()) return first.status();
   absl::StatusOr<std::unique_ptr<IndexedDatasetBuilder>> builder =
@@ -296,8 +319,6 @@ absl::StatusOr<std::vector<std::string>> MergeDatasetDirectory(const std::string
     prefixes.insert(prefix);
   }
   if (ec) return absl::InternalError(absl::StrCat(input_dir, ": ", ec.message()));
-  // The output may be inside the input directory; never merge it into itself.
-  prefixes.erase(output_prefix);
   std::vector<std::string> ordered(prefixes.begin(), prefixes.end());
   if (ordered.empty()) {
     return absl::NotFoundError(absl::StrCat(input_dir, ": no .bin/.idx pairs to merge"));

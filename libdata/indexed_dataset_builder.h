@@ -5,8 +5,8 @@
 // finalize(), which runs out of memory on terabyte corpora. This builder spools lengths and
 // document boundaries to anonymous scratch files beside the output and assembles the .idx at
 // Finalize(), so its memory is a few buffers whatever the corpus size. Both outputs are written
-// under temporary names and renamed only when complete (.bin first, then .idx): an interrupted
-// run leaves no .idx, hence nothing a reader would accept.
+// under temporary names and replaced together when both are complete (libfs's CommitTogether):
+// a run that fails or is interrupted leaves the previous pair, if any, as it was.
 #pragma once
 
 #include <cstdint>
@@ -42,7 +42,7 @@ class IndexedDatasetBuilder {
   absl::Status AddDocument(absl::Span<const int32_t> tokens, absl::Span<const int32_t> lengths);
   // Megatron's add_index: appends a whole dataset (same dtype), streaming its files.
   absl::Status AddIndex(const std::string& prefix);
-  // Writes the .idx and renames both files into place.
+  // Writes the .idx and replaces both files together (or, on failure, neither).
   absl::Status Finalize();
   // Discards everything; no output file is left (also what the destructor does if not finalized).
   void Abandon();
@@ -60,7 +60,7 @@ class IndexedDatasetBuilder {
 
   std::string prefix_;
   DType dtype_ = DType::kUInt16;
-  AtomicFileWriter bin_;
+  fs::AtomicFileWriter bin_;
   SpoolFile lengths_;    // i32 per sequence
   SpoolFile doc_index_;  // i64 per document boundary, starting with 0
   int64_t num_sequences_ = 0;
@@ -71,7 +71,8 @@ class IndexedDatasetBuilder {
 
 // Megatron's tools/merge_datasets.py: every `<p>.bin`/`<p>.idx` pair in `input_dir` is appended in
 // sorted prefix order into `<output_prefix>.bin/.idx`; dtypes must match. A lone .bin or .idx is
-// an error. Returns the prefixes merged.
+// an error, and so is an output that is one of the inputs (compared as files, whatever the
+// spelling): it would be overwritten. Returns the prefixes merged.
 absl::StatusOr<std::vector<std::string>> MergeDatasetDirectory(const std::string& input_dir,
                                                                const std::string& output_prefix);
 // Same, for an explicit list of prefixes, in the given order.

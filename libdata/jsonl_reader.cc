@@ -31,7 +31,7 @@ class PlainSource : public ByteSource {
         raw_ += static_cast<uint64_t>(n);
         return static_cast<size_t>(n);
       }
-      if (errno != EINTR) return ErrnoError("cannot read", path_, errno);
+      if (errno != EINTR) return fs::ErrnoError("cannot read", path_, errno);
     }
   }
   uint64_t raw_bytes() const override { return raw_; }
@@ -42,6 +42,8 @@ class PlainSource : public ByteSource {
   uint64_t raw_ = 0;
 };
 
+// Decoders hand out what they decoded before an error and report the error on the next call, so
+// that the line it is reported at is the line the damage is in.
 class ZstdSource : public ByteSource {
  public:
   ZstdSource(std::string path, int fd)
@@ -51,6 +53,7 @@ class ZstdSource : public ByteSource {
     ::close(fd_);
   }
   absl::StatusOr<size_t> Read(char* data, size_t size) override {
+    if (!error_.ok()) return error_;
     ZSTD_outBuffer out{data, size, 0};
     while (out.pos == 0) {
       if (in_.pos == in_.size) {
@@ -65,7 +68,7 @@ class ZstdSource : public ByteSource {
         const ssize_t n = ::read(fd_, in_buf_.data(), in_buf_.size());
         if (n < 0) {
           if (errno == EINTR) continue;
-          return ErrnoError("cannot read", path_, errno);
+          return fs::ErrnoError("cannot read", path_, errno);
         }
         if (n == 0) {
           input_done_ = true;
@@ -76,8 +79,10 @@ class ZstdSource : public ByteSource {
       }
       const size_t hint = ZSTD_decompressStream(dctx_, &out, &in_);
       if (ZSTD_isError(hint)) {
-        return absl::DataLossError(
+        error_ = absl::DataLossError(
             absl::StrCat(path_, ": corrupt zstd data: ", ZSTD_getErrorName(hint)));
+        if (out.pos > 0) return out.pos;
+        return error_;
       }
       last_hint_ = hint;
     }
@@ -94,35 +99,90 @@ class ZstdSource : public ByteSource {
   bool input_done_ = false;
   size_t last_hint_ = 0;
   uint64_t raw_ = 0;
+  absl::Status error_;
 };
 
+// gzip with zlib's inflate, strictly: the file must be gzip from its first byte (zlib's gzread
+// would read anything else as plain text), may hold several members back to back (what gzip
+// writes for concatenated files), and nothing else: data after the last member that is not a
+// member is an error (gzread ignores it), as is a stream cut short inside a member.
 class GzipSource : public ByteSource {
  public:
-  GzipSource(std::string path, gzFile file) : path_(std::move(path)), file_(file) {
-    gzbuffer(file_, kChunk);
+  GzipSource(std::string path, int fd) : path_(std::move(path)), fd_(fd), in_buf_(kChunk) {
+    ok_ = inflateInit2(&zs_, 16 + MAX_WBITS) == Z_OK;
   }
-  ~GzipSource() override { gzclose(file_); }
+  ~GzipSource() override {
+    if (ok_) inflateEnd(&zs_);
+    ::close(fd_);
+  }
   absl::StatusOr<size_t> Read(char* data, size_t size) override {
-    const int n = gzread(file_, data, static_cast<unsigned>(std::min<size_t>(size, 1u << 30)));
-    if (n < 0) {
-      int err = 0;
-      const char* message = gzerror(file_, &err);
-      return absl::DataLossError(absl::StrCat(path_, ": corrupt gzip data: ", message));
+    if (!ok_) return absl::ResourceExhaustedError(absl::StrCat(path_, ": cannot start zlib"));
+    if (!error_.ok()) return error_;
+    size = std::min<size_t>(size, 1u << 30);
+    size_t produced = 0;
+    while (produced == 0) {
+      if (zs_.avail_in == 0 && !input_done_) {
+        const ssize_t n = ::read(fd_, in_buf_.data(), in_buf_.size());
+        if (n < 0) {
+          if (errno == EINTR) continue;
+          return fs::ErrnoError("cannot read", path_, errno);
+        }
+        if (n == 0) {
+          input_done_ = true;
+        } else {
+          raw_ += static_cast<uint64_t>(n);
+          zs_.next_in = reinterpret_cast<Bytef*>(in_buf_.data());
+          zs_.avail_in = static_cast<uInt>(n);
+        }
+      }
+      if (zs_.avail_in == 0 && input_done_) {
+        if (in_member_) {
+          error_ = absl::DataLossError(
+              absl::StrCat(path_, ": truncated gzip stream (ends inside a member)"));
+        }
+        break;
+      }
+      if (!in_member_) {  // A new member starts here (or garbage does).
+        inflateReset(&zs_);
+        in_member_ = true;
+        ++members_;
+      }
+      zs_.next_out = reinterpret_cast<Bytef*>(data + produced);
+      zs_.avail_out = static_cast<uInt>(size - produced);
+      const int ret = inflate(&zs_, Z_NO_FLUSH);
+      produced = size - zs_.avail_out;
+      if (ret == Z_STREAM_END) {
+        in_member_ = false;
+      } else if (ret != Z_OK && ret != Z_BUF_ERROR) {
+        const char* why = zs_.msg != nullptr ? zs_.msg : "inflate failed";
+        if (members_ == 1 && zs_.total_out == 0 && produced == 0) {
+          error_ = absl::DataLossError(absl::StrCat(path_, ": not gzip data (", why, ")"));
+        } else if (members_ > 1 && zs_.total_out == 0 && produced == 0) {
+          error_ = absl::DataLossError(absl::StrCat(
+              path_, ": data after the end of the gzip stream is not gzip (", why, ")"));
+        } else {
+          error_ = absl::DataLossError(absl::StrCat(path_, ": corrupt gzip data: ", why));
+        }
+        break;
+      }
     }
-    // gzread reports a stream cut short as a short read plus an error state.
-    int err = 0;
-    const char* message = gzerror(file_, &err);
-    if (err != Z_OK && err != Z_STREAM_END) {
-      return absl::DataLossError(
-          absl::StrCat(path_, ": corrupt or truncated gzip data: ", message));
-    }
-    return static_cast<size_t>(n);
+    if (produced > 0) return produced;
+    if (!error_.ok()) return error_;
+    return size_t{0};
   }
-  uint64_t raw_bytes() const override { return static_cast<uint64_t>(gzoffset(file_)); }
+  uint64_t raw_bytes() const override { return raw_; }
 
  private:
   std::string path_;
-  gzFile file_;
+  int fd_;
+  std::vector<char> in_buf_;
+  z_stream zs_ = {};
+  bool ok_ = false;
+  bool input_done_ = false;
+  bool in_member_ = false;
+  int64_t members_ = 0;
+  uint64_t raw_ = 0;
+  absl::Status error_;
 };
 
 bool IsGlob(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
@@ -139,19 +199,15 @@ bool IsJsonlName(const std::string& name) {
 absl::StatusOr<std::unique_ptr<ByteSource>> OpenByteSource(const std::string& path) {
   if (path == "-") {  // standard input, uncompressed (pipe a decompressor in front if needed)
     const int fd = ::dup(STDIN_FILENO);
-    if (fd < 0) return ErrnoError("cannot read", "standard input", errno);
+    if (fd < 0) return fs::ErrnoError("cannot read", "standard input", errno);
     return std::unique_ptr<ByteSource>(new PlainSource("(stdin)", fd));
   }
   if (std::filesystem::is_directory(path)) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": is a directory"));
   }
-  if (absl::EndsWith(path, ".gz")) {
-    gzFile f = gzopen(path.c_str(), "rb");
-    if (f == nullptr) return ErrnoError("cannot open", path, errno ? errno : ENOMEM);
-    return std::unique_ptr<ByteSource>(new GzipSource(path, f));
-  }
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError("cannot open", path, errno);
+  if (fd < 0) return fs::ErrnoError("cannot open", path, errno);
+  if (absl::EndsWith(path, ".gz")) return std::unique_ptr<ByteSource>(new GzipSource(path, fd));
   if (absl::EndsWith(path, ".zst")) return std::unique_ptr<ByteSource>(new ZstdSource(path, fd));
   return std::unique_ptr<ByteSource>(new PlainSource(path, fd));
 }

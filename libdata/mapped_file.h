@@ -1,5 +1,5 @@
-// File primitives for the dataset code: a read-only memory map, and a buffered output file that
-// appears under its final name only when committed (temporary name, fsync, rename), so an
+// File primitives for the dataset code: a read-only memory map and an anonymous spool file.
+// Output files are written with libfs's AtomicFileWriter (temporary name, fsync, rename), so an
 // interrupted writer never leaves a file that looks complete.
 #pragma once
 
@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "libfs/atomic_file.h"
 
 namespace leantron::data {
 
@@ -36,41 +37,6 @@ class MappedFile {
   std::string path_;
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
-};
-
-// Sequential writer to `<final>.tmp-<pid>-<n>`; Commit() flushes, fsyncs and renames it to the
-// final name. Destroying an uncommitted writer removes the temporary file.
-class AtomicFileWriter {
- public:
-  static absl::StatusOr<AtomicFileWriter> Create(const std::string& final_path);
-  AtomicFileWriter() = default;
-  AtomicFileWriter(AtomicFileWriter&& other) noexcept;
-  AtomicFileWriter& operator=(AtomicFileWriter&& other) noexcept;
-  AtomicFileWriter(const AtomicFileWriter&) = delete;
-  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
-  ~AtomicFileWriter();
-
-  absl::Status Write(const void* data, size_t size);
-  absl::Status Write(std::string_view bytes) { return Write(bytes.data(), bytes.size()); }
-  // Flushes and fsyncs without renaming: the data is durable under the temporary name.
-  absl::Status Flush(bool sync);
-  // Flush, fsync, rename to the final path. The writer is closed afterwards.
-  absl::Status Commit();
-  // Closes and removes the temporary file (idempotent).
-  void Abandon();
-
-  uint64_t bytes_written() const { return bytes_written_; }
-  const std::string& temp_path() const { return temp_path_; }
-  const std::string& final_path() const { return final_path_; }
-
- private:
-  absl::Status FlushBuffer();
-  int fd_ = -1;
-  int cleanup_slot_ = -1;  // registration for InstallTempFileCleanupOnSignals
-  std::string final_path_;
-  std::string temp_path_;
-  std::vector<uint8_t> buffer_;
-  uint64_t bytes_written_ = 0;
 };
 
 // A scratch file, unlinked as soon as it is created, for spooling arrays too large for memory.
@@ -112,12 +78,7 @@ absl::Status SpoolFile::ForEachChunk(Sink&& sink) {
   return absl::OkStatus();
 }
 
-// Makes SIGINT, SIGTERM and SIGHUP remove the temporary files of every AtomicFileWriter still
-// open before the process dies (with the signal's default action, so the exit status still
-// tells). For tools: a killed run then leaves nothing behind; SIGKILL leaves only `*.tmp-*`.
-void InstallTempFileCleanupOnSignals();
-
-// "<path>: <strerror(errno)>" as an absl::Status of the matching kind.
-absl::Status ErrnoError(absl::string_view what, const std::string& path, int err);
+// "<what> <path>: <strerror(err)>" as an absl::Status of the matching kind.
+using fs::ErrnoError;
 
 }  // namespace leantron::data

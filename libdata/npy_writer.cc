@@ -16,7 +16,7 @@ absl::Status WriteNpy(const std::string& path, const std::string& descr,
   const size_t total = (10 + header.size() + 1 + 63) / 64 * 64;
   header.append(total - 10 - header.size() - 1, ' ');
   header.push_back('\n');
-  absl::StatusOr<AtomicFileWriter> writer = AtomicFileWriter::Create(path);
+  absl::StatusOr<fs::AtomicFileWriter> writer = fs::AtomicFileWriter::Create(path);
   if (!writer.ok()) return writer.status();
   const uint16_t len = static_cast<uint16_t>(header.size());
   absl::Status s = writer->Write("\x93NUMPY\x01\x00", 8);

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -305,8 +306,6 @@ absl::StatusOr<PreprocessStats> PreprocessData(const PreprocessOptions& options)
   Pipeline p;
   p.max_in_flight = 2 * static_cast<uint64_t>(options.workers) + 2;
   std::vector<std::thread> threads;
-  threads.emplace_back(ReadInputs, std::cref(*files), &p);
-  for (auto& encoder : encoders) threads.emplace_back(Work, encoder.get(), &p);
   const auto shutdown = [&] {
     {
       std::lock_guard lock(p.mu);
@@ -318,6 +317,17 @@ absl::StatusOr<PreprocessStats> PreprocessData(const PreprocessOptions& options)
     threads.clear();
   };
 
+  // The system may refuse a thread (a huge --workers): a clean error, nothing left behind.
+  try {
+    threads.emplace_back(ReadInputs, std::cref(*files), &p);
+    for (auto& encoder : encoders) threads.emplace_back(Work, encoder.get(), &p);
+  } catch (const std::system_error& e) {
+    const size_t started = threads.size();
+    shutdown();
+    return absl::ResourceExhaustedError(absl::StrCat("cannot start thread ", started + 1, " of ",
+                                                     options.workers + 1, " (--workers ",
+                                                     options.workers, "): ", e.what()));
+  }
   const auto elapsed = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };

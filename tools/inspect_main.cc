@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
 
   // ---- inspect dataset ----
   leantron::data::InspectDatasetOptions dataset;
-  int64_t document = -1, sample = -1;
+  std::optional<int64_t> document, sample;
   std::vector<int64_t> num_samples = {0, 0, 0};
   std::string split_name = "train";
   bool no_cache = false;
@@ -35,11 +35,13 @@ int main(int argc, char** argv) {
       ->add_option("data-path", dataset.data_path,
                    "Dataset prefix, or a Megatron --data-path blend: W1 PREFIX1 W2 PREFIX2 ...")
       ->required();
-  dataset_cmd->add_option("--document", document, "Print (and decode) document K");
+  dataset_cmd->add_option("--document", document, "Print (and decode) document K")
+      ->check(CLI::NonNegativeNumber);
   dataset_cmd->add_option("--vocab-file", dataset.vocab.vocab_file, "GPT-2 encoder.json");
   dataset_cmd->add_option("--merge-file", dataset.vocab.merge_file, "GPT-2 vocab.bpe");
   dataset_cmd->add_option("--tiktoken-file", dataset.vocab.tiktoken_file, "gpt2.tiktoken");
-  dataset_cmd->add_option("--sample", sample, "Print (and decode) GPT sample K of --split-name");
+  dataset_cmd->add_option("--sample", sample, "Print (and decode) GPT sample K of --split-name")
+      ->check(CLI::NonNegativeNumber);
   dataset_cmd->add_option("--seq-length", dataset.gpt.seq_length, "Megatron --seq-length")
       ->capture_default_str();
   dataset_cmd->add_option("--split", dataset.gpt.split, "Megatron --split")->capture_default_str();
@@ -47,7 +49,8 @@ int main(int argc, char** argv) {
   dataset_cmd
       ->add_option("--num-samples", num_samples,
                    "Samples requested for train valid test (Megatron: train_iters*GBS, ...)")
-      ->expected(3);
+      ->expected(3)
+      ->check(CLI::NonNegativeNumber);
   dataset_cmd->add_option("--split-name", split_name, "train, valid or test")
       ->check(CLI::IsMember({"train", "valid", "test"}));
   dataset_cmd->add_option("--cache-dir", dataset.gpt.cache_dir,
@@ -60,26 +63,29 @@ int main(int argc, char** argv) {
 
   // ---- inspect checkpoint ----
   std::string checkpoint_dir;
-  int64_t checkpoint_iteration = -1;
+  std::optional<int64_t> checkpoint_iteration;
+  bool no_verify = false;
   CLI::App* checkpoint_cmd =
       app.add_subcommand("checkpoint", "Summarize a checkpoint (config, layout, tensors, norms)");
   checkpoint_cmd->add_option("dir", checkpoint_dir, "Checkpoint directory")->required();
-  checkpoint_cmd->add_option("--iteration", checkpoint_iteration, "Iteration (default: latest)");
+  checkpoint_cmd->add_option("--iteration", checkpoint_iteration, "Iteration (default: latest)")
+      ->check(CLI::NonNegativeNumber);
+  checkpoint_cmd->add_flag("--no-verify-checkpoint", no_verify,
+                           "Skip the content checks (checksums, NaN, replicated copies)");
 
   CLI11_PARSE(app, argc, argv);
 
   if (checkpoint_cmd->parsed()) {
-    std::optional<int64_t> iteration;
-    if (checkpoint_iteration >= 0) iteration = checkpoint_iteration;
-    if (absl::Status s = leantron::ckpt::PrintCheckpointSummary(checkpoint_dir, iteration, std::cout);
+    if (absl::Status s = leantron::ckpt::PrintCheckpointSummary(
+            checkpoint_dir, checkpoint_iteration, std::cout, !no_verify);
         !s.ok())
       return Fail(s);
     return 0;
   }
 
   if (dataset_cmd->parsed()) {
-    if (document >= 0) dataset.document = document;
-    if (sample >= 0) dataset.sample = sample;
+    dataset.document = document;
+    dataset.sample = sample;
     for (int j = 0; j < 3; ++j) dataset.gpt.num_samples[j] = num_samples[j];
     dataset.gpt.use_cache = !no_cache;
     dataset.split_kind = split_name == "train"   ? leantron::data::SplitKind::kTrain

@@ -5,7 +5,7 @@
 
 #include "CLI/CLI.hpp"
 #include "libdata/indexed_dataset_builder.h"
-#include "libdata/mapped_file.h"
+#include "libfs/atomic_file.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Merge the indexed datasets of a directory (Megatron's merge_datasets.py)"};
@@ -14,7 +14,7 @@ int main(int argc, char** argv) {
   app.add_option("--output-prefix", output_prefix, "Output: <prefix>.bin and <prefix>.idx")
       ->required();
   CLI11_PARSE(app, argc, argv);
-  leantron::data::InstallTempFileCleanupOnSignals();
+  leantron::fs::InstallTempFileCleanupOnSignals();
   absl::StatusOr<std::vector<std::string>> merged =
       leantron::data::MergeDatasetDirectory(input, output_prefix);
   if (!merged.ok()) {

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
-#include "libdata/mapped_file.h"
 #include "libdata/preprocess.h"
+#include "libfs/atomic_file.h"
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
   app.add_flag("--skip-invalid", options.skip_invalid,
                "Skip and count malformed lines instead of stopping at the first");
   CLI11_PARSE(app, argc, argv);
-  leantron::data::InstallTempFileCleanupOnSignals();
+  leantron::fs::InstallTempFileCleanupOnSignals();
   options.eod_in_text_is_special = eod_in_text == "special";
   options.log = &std::cerr;
   options.progress_bar = ::isatty(STDERR_FILENO) != 0;

@@ -3,8 +3,10 @@
 //   reshard_checkpoint --load DIR --save DIR --target-tp N --target-pp M [--target-vpp V]
 //                      [--target-decoder-first-pipeline-num-layers F]
 //                      [--target-decoder-last-pipeline-num-layers L] [--iteration K]
+//                      [--overwrite] [--no-verify-checkpoint]
 #include <cstdint>
 #include <iostream>
+#include <optional>
 
 #include "CLI/CLI.hpp"
 #include "libckpt/reshard.h"
@@ -13,7 +15,8 @@ int main(int argc, char** argv) {
   CLI::App app{"Reshard a Leantron checkpoint to another TP/PP layout (optimizer state kept)"};
   std::string load, save;
   leantron::ckpt::ReshardOptions options;
-  int64_t iteration = -1;
+  std::optional<int64_t> iteration;
+  bool no_verify = false;
   app.add_option("--load", load, "Checkpoint directory to read")->required();
   app.add_option("--save", save, "Checkpoint directory to write")->required();
   app.add_option("--target-tp", options.target.tp, "Target tensor-parallel size")->required();
@@ -23,9 +26,16 @@ int main(int argc, char** argv) {
                  "Target layers on the first pipeline stage (uneven split; default 0: even)");
   app.add_option("--target-decoder-last-pipeline-num-layers", options.target.last_stage_layers,
                  "Target layers on the last pipeline stage (uneven split; default 0: even)");
-  app.add_option("--iteration", iteration, "Iteration to read (default: the tracker's)");
+  app.add_option("--iteration", iteration, "Iteration to read (default: the tracker's)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--overwrite", options.overwrite,
+               "Write into a --save that already holds data (replacing the iteration and moving "
+               "its tracker to it); without it such a --save is refused");
+  app.add_flag("--no-verify-checkpoint", no_verify,
+               "Skip the content checks of --load (checksums, NaN, replicated copies)");
   CLI11_PARSE(app, argc, argv);
-  if (iteration >= 0) options.iteration = iteration;
+  options.iteration = iteration;
+  options.verify = !no_verify;
   if (absl::Status s = leantron::ckpt::ReshardCheckpoint(load, save, options); !s.ok()) {
     std::cerr << "reshard_checkpoint: " << s.message() << "\n";
     return 1;

@@ -2,6 +2,8 @@
 // mpirun, torchrun-style RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT), or once with
 // --nproc-per-node N, in which case it starts the N local ranks itself and waits for them.
 #include <signal.h>
+#include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,8 +16,9 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "trainer/core/args.h"
-#include "trainer/dist/comm.h"
 #include "trainer/core/training.h"
+#include "trainer/dist/comm.h"
+#include "trainer/dist/rendezvous_signals.h"
 
 namespace {
 
@@ -25,14 +28,50 @@ void ForwardSignal(int sig) {
   for (pid_t pid : g_children) kill(pid, sig);
 }
 
-// Forks the local ranks, forwards SIGTERM/SIGINT to them, and stops the rest when one fails.
+// 128 random bits as hex: the job token the local ranks present (LaunchInfo::job_token).
+std::string RandomToken() {
+  unsigned char bytes[16] = {};
+  FILE* f = std::fopen("/dev/urandom", "rb");
+  if (f != nullptr) {
+    if (std::fread(bytes, 1, sizeof(bytes), f) != sizeof(bytes)) bytes[0] ^= 1;
+    std::fclose(f);
+  }
+  std::string hex;
+  for (unsigned char b : bytes) {
+    static const char kDigits[] = "0123456789abcdef";
+    hex += kDigits[b >> 4];
+    hex += kDigits[b & 15];
+  }
+  return hex;
+}
+
+// "was killed by signal 9 (SIGKILL)" / "exited with status 1".
+std::string DescribeExit(int status) {
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    const char* abbrev = sigabbrev_np(sig);
+    return "was killed by signal " + std::to_string(sig) + " (" +
+           (abbrev ? std::string("SIG") + abbrev : std::string("unknown")) + ")" +
+           (WCOREDUMP(status) ? ", core dumped" : "");
+  }
+  return "exited with status " + std::to_string(WEXITSTATUS(status));
+}
+
+// Forks the local ranks, forwards SIGTERM/SIGINT to them, and stops the rest when one fails,
+// saying which rank failed and how. The ranks die with the launcher (a parent-death signal), and
+// the rendezvous folder goes once they have met (CreateProcessGroups) or when the launcher ends.
 int LaunchLocalRanks(int nproc) {
-  char dir_template[] = "/tmp/leantron-rendezvous-XXXXXX";
-  const char* dir = mkdtemp(dir_template);
+  std::error_code ec;
+  std::string dir_template =
+      (std::filesystem::temp_directory_path(ec) / "leantron-rendezvous-XXXXXX").string();
+  const char* dir = mkdtemp(dir_template.data());
   if (dir == nullptr) {
-    std::fprintf(stderr, "error: cannot create a rendezvous directory in /tmp\n");
+    std::fprintf(stderr, "error: cannot create a rendezvous directory %s: %s\n",
+                 dir_template.c_str(), strerror(errno));
     return 1;
   }
+  const std::string token = RandomToken();
+  const pid_t launcher = getpid();
   std::fflush(stdout);
   std::fflush(stderr);
   for (int r = 0; r < nproc; ++r) {
@@ -43,6 +82,11 @@ int LaunchLocalRanks(int nproc) {
       return 1;
     }
     if (pid == 0) {
+      // Killed with the launcher, however it ends (its SIGKILL included); a launcher gone before
+      // this line ran is seen as a new parent.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != launcher) _exit(1);
+      setenv("LEANTRON_JOB_TOKEN", token.c_str(), 1);
       setenv("RANK", std::to_string(r).c_str(), 1);
       setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
       setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
@@ -70,12 +114,16 @@ int LaunchLocalRanks(int nproc) {
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (code != 0 && exit_code == 0) {
       exit_code = code;
+      int rank = 0;
+      while (rank < nproc && g_children[rank] != pid) ++rank;
+      std::fprintf(stderr, "train: rank %d (pid %d) %s; stopping the other ranks\n", rank,
+                   static_cast<int>(pid), DescribeExit(status).c_str());
+      std::fflush(stderr);
       // The others would wait in a collective until the timeout: stop them.
       for (pid_t other : g_children)
         if (other != pid) kill(other, SIGKILL);
     }
   }
-  std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   return exit_code;
 }
@@ -101,7 +149,9 @@ int main(int argc, char** argv) {
     if (code >= 0) return code;
     launch = leantron::trainer::LaunchInfoFromEnvironment();  // now a child
   }
-  leantron::trainer::InstallStopSignalHandler();
+  // SIGTERM/SIGINT stop a rank at once until the ranks have met, then save and stop
+  // (EndRendezvousPhase, called when the process groups are connected).
+  leantron::trainer::BeginRendezvousPhase(launch.rank);
   absl::Status s = leantron::trainer::RunTraining(args, launch);
   if (!s.ok()) {
     if (!absl::IsAborted(s))

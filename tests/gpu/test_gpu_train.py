@@ -2,6 +2,7 @@
 the bf16 loss curve against the float32 CPU reference on real data, bitwise resume, the CUDA
 float32 backend against the CPU one, and a GPT-2 converted from HuggingFace giving transformers'
 loss. Byte-level tokens of the licence texts every Debian/Ubuntu system ships."""
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -89,6 +90,13 @@ def test_bf16_resume_is_bitwise(dataset, tmp_path, extra):
     assert files(tmp_path / "a", 20) == files(tmp_path / "b", 20)
 
 
+def activation_mb(stdout):
+    """The bf16 model's activation memory from the first memory report line (MB)."""
+    m = re.search(r"bf16 weights, activations and workspaces (\d+) \|", stdout)
+    assert m, stdout[-3000:]
+    return int(m[1])
+
+
 def test_recompute_gives_the_same_losses(dataset, tmp_path):
     plain = run_train(common(dataset, 5) + ["--bf16"])
     full = run_train(common(dataset, 5) + ["--bf16", "--recompute-granularity", "full",
@@ -98,6 +106,38 @@ def test_recompute_gives_the_same_losses(dataset, tmp_path):
     f_train, _ = parse_log(full.stdout)
     for it in p_train:
         assert f_train[it][1] == pytest.approx(p_train[it][1], rel=2e-3)
+    # It did recompute: the recomputed layers share one set of activations, so every layer
+    # recomputed (uniform) holds one set where the plain run holds four.
+    uniform = run_train(common(dataset, 2) + ["--bf16", "--recompute-granularity", "full",
+                                              "--recompute-method", "uniform",
+                                              "--recompute-num-layers", "1"])
+    print("activation MB: plain", activation_mb(plain.stdout), "block 2 + gelu",
+          activation_mb(full.stdout), "uniform", activation_mb(uniform.stdout))
+    assert activation_mb(full.stdout) < activation_mb(plain.stdout)
+    assert activation_mb(uniform.stdout) < activation_mb(full.stdout)
+
+
+@pytest.mark.parametrize("extra,layers,softmaxes", [
+    (["--recompute-granularity", "full", "--recompute-method", "uniform",
+      "--recompute-num-layers", "1"], 4, 0),
+    (["--recompute-granularity", "full", "--recompute-method", "block",
+      "--recompute-num-layers", "2"], 2, 0),
+    (["--recompute-granularity", "selective"], 0, 4)])
+def test_float32_cuda_recompute_happens_and_changes_no_loss(dataset, extra, layers, softmaxes):
+    """The float32 model on the GPU (--ops-backend cuda) reports what its backward redid: 4
+    layers, 5 steps of 2 micro-batches (global batch 8, micro-batch 4)."""
+    args = common(dataset, 5) + ["--hidden-dropout", "0.1", "--ops-backend", "cuda"]
+    plain = run_train(args)
+    redo = run_train(args + extra)
+    assert "recomputed" not in plain.stdout
+    m = re.search(r"\[Rank 0\] layers \[0, 4\): recomputed (\d+) layer forwards and (\d+) "
+                  r"attention softmaxes", redo.stdout)
+    assert m, redo.stdout[-3000:]
+    assert (int(m[1]), int(m[2])) == (layers * 10, softmaxes * 10)
+    p_train, _ = parse_log(plain.stdout)
+    r_train, _ = parse_log(redo.stdout)
+    for it in p_train:
+        assert r_train[it][1] == pytest.approx(p_train[it][1], rel=1e-5)
 
 
 def test_attention_dropout_is_refused_clearly(dataset):

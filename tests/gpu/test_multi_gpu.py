@@ -78,29 +78,28 @@ LAYOUTS = {
     "dp2-distopt-plain": ["--use-distributed-optimizer"],
     # The same two, with NCCL moving the data instead of the copy engines (as for more than two
     # ranks or several nodes): grouped reduces and broadcasts into and out of the owned parts.
-    "dp2-nccl": ["--overlap-grad-reduce"],
+    "dp2-nccl": ["--overlap-grad-reduce", "--no-dp-copy-engine"],
     "dp2-distopt-nccl": ["--use-distributed-optimizer", "--overlap-grad-reduce",
-                         "--overlap-param-gather"],
+                         "--overlap-param-gather", "--no-dp-copy-engine"],
     # Gradients crossing in bf16 (--grad-reduce-in-bf16), both ways of moving them.
     "dp2-bf16-reduce": ["--overlap-grad-reduce", "--grad-reduce-in-bf16"],
     "dp2-distopt-bf16-reduce-nccl": ["--use-distributed-optimizer", "--overlap-grad-reduce",
-                                     "--grad-reduce-in-bf16"],
+                                     "--grad-reduce-in-bf16", "--no-dp-copy-engine"],
+    # Tensor-parallel blocks by NCCL instead of the copy engines (as across nodes).
+    "tp2-sp-nccl": ["--tensor-model-parallel-size", "2", "--sequence-parallel",
+                    "--no-tp-copy-engine"],
     "tp2": ["--tensor-model-parallel-size", "2"],
     "tp2-sp": ["--tensor-model-parallel-size", "2", "--sequence-parallel"],
     "pp2": ["--pipeline-model-parallel-size", "2"],
     "pp2-interleaved": ["--pipeline-model-parallel-size", "2",
                         "--num-layers-per-virtual-pipeline-stage", "1"],
 }
-ENV = {"dp2-nccl": {"LEANTRON_DP_COPY_ENGINE": "0"},
-       "dp2-distopt-nccl": {"LEANTRON_DP_COPY_ENGINE": "0"},
-       "dp2-distopt-bf16-reduce-nccl": {"LEANTRON_DP_COPY_ENGINE": "0"}}
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_bf16_layouts_match_one_gpu(dataset, one_gpu_bf16, name):
     extra = LAYOUTS[name]
-    proc = run_train(common(dataset) + ["--bf16"] + extra, nproc=2,
-                     env=dict(os.environ, **ENV.get(name, {})))
+    proc = run_train(common(dataset) + ["--bf16"] + extra, nproc=2)
     got, valid = losses(proc)
     assert_close(got, one_gpu_bf16[0], 0.01, 0.02)
     for it, v in one_gpu_bf16[1].items():
@@ -110,7 +109,7 @@ def test_bf16_layouts_match_one_gpu(dataset, one_gpu_bf16, name):
         kind += " in bf16" if "--grad-reduce-in-bf16" in extra else ""
         assert f"data-parallel gradient {kind} overlapped with the backward" in proc.stdout
     if name.startswith("dp2"):
-        nccl = ENV.get(name, {}).get("LEANTRON_DP_COPY_ENGINE") == "0"
+        nccl = "--no-dp-copy-engine" in extra
         assert f"by {'NCCL' if nccl else 'copy engine'}" in proc.stdout
 
 

@@ -65,6 +65,12 @@ def raw_write(path, tensors, metadata=None):
     Path(path).write_bytes(struct.pack("<Q", len(text)) + text + b"".join(tensors[k][2] for k in names))
 
 
+def bf16_round(array):
+    """float32 values rounded to the nearest bfloat16 (ties to even), still as float32."""
+    bits = np.asarray(array, dtype=np.float32).view(np.uint32)
+    return (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+
+
 def to_bf16_bytes(array):
     bits = np.asarray(array, dtype=np.float32).view(np.uint32)
     rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)

@@ -11,7 +11,8 @@ import pytest
 from safetensors.numpy import load_file
 
 from ckpt_testlib import (gpt2_forward_hf, llama_forward_hf, make_gpt2, make_llama, megatron_forward,
-                          padded_vocab, read_hf, read_ours, run, shard_dir_name, stage_of, write_ours)
+                          padded_vocab, read_hf, read_ours, run, shard_dir_name, stage_of, write_ours,
+                          bf16_round)
 
 GPT2_MODEL = {"num_layers": 4, "hidden_size": 32, "ffn_hidden_size": 128, "num_attention_heads": 4,
               "num_query_groups": 4, "kv_channels": 8, "vocab_size": 300, "max_position_embeddings": 64,
@@ -66,8 +67,10 @@ def random_state(m, tp, seed):
         return a
 
     shapes = full_shapes(m, tp)
-    params = {k: tensor(v, k) for k, v in shapes.items()}
     opt = {kind: {k: tensor(v, k) for k, v in shapes.items()} for kind in ("main_param", "exp_avg", "exp_avg_sq")}
+    # The model weights are the fp32 main weights rounded to bf16, as in a bf16 run: close enough
+    # for a verified load, different enough that a swap of the two would show.
+    params = {k: bf16_round(v) for k, v in opt["main_param"].items()}
     return params, opt
 
 

@@ -103,39 +103,3 @@ def test_corrupt_files_are_clear_errors(tmp_path):
                                        str(tmp_path / "m")], check=False)
     assert proc.returncode == 1 and b"b.bin" in proc.stderr
     assert not any(p.name.startswith("m.") for p in tmp_path.iterdir()), os.listdir(tmp_path)
-
-
-def test_megatron_core_builder_when_installed(tmp_path):
-    """megatron-core's own IndexedDatasetBuilder (needs torch, so skipped in CI): its files equal
-    the numpy builder's, and merging them with merge_datasets equals its own add_index merge."""
-    indexed = pytest.importorskip("megatron.core.datasets.indexed_dataset")
-    torch = pytest.importorskip("torch")
-    parts = tmp_path / "parts"
-    parts.mkdir()
-    rng = np.random.default_rng(0)
-    for name in ["b", "a"]:
-        prefix = str(parts / name)
-        ours = NumpyIndexedDatasetBuilder(str(tmp_path / f"numpy_{name}"), np.uint16)
-        theirs = indexed.IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
-        for d in range(30):
-            n = int(rng.integers(0, 40))
-            tokens = rng.integers(0, 50257, size=n)
-            if d % 4 == 0:
-                ours.add_item(tokens)
-                ours.end_document()
-                theirs.add_item(torch.from_numpy(tokens))
-                theirs.end_document()
-            else:
-                ours.add_document(tokens, [n] if n else [])
-                theirs.add_document(tokens, [n] if n else [])
-        ours.finalize()
-        theirs.finalize(prefix + ".idx")
-        for ext in [".bin", ".idx"]:
-            assert (parts / (name + ext)).read_bytes() == (tmp_path / f"numpy_{name}{ext}").read_bytes()
-    run_tool("merge_datasets", ["--input", str(parts), "--output-prefix", str(tmp_path / "merged")])
-    ref = indexed.IndexedDatasetBuilder(str(tmp_path / "ref.bin"), dtype=np.uint16)
-    for name in ["a", "b"]:
-        ref.add_index(str(parts / name))
-    ref.finalize(str(tmp_path / "ref.idx"))
-    for ext in [".bin", ".idx"]:
-        assert (tmp_path / ("merged" + ext)).read_bytes() == (tmp_path / ("ref" + ext)).read_bytes()

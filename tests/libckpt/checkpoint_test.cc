@@ -23,7 +23,12 @@ namespace fs = std::filesystem;
 
 // Value of full-tensor element `index` of parameter `name` for `kind`: a hash, so any misplaced
 // row or column shows. Padded vocabulary rows are zero, as a reshard would produce.
+// The model weights are the fp32 main weights rounded to bf16, as in a bf16 run: a verified load
+// refuses a pair that differs by more, and a swap of the two still shows.
 float Value(const std::string& name, TensorKind kind, int64_t index) {
+  if (kind == TensorKind::kParam) {
+    return BFloat16ToFloat(FloatToBFloat16(Value(name, TensorKind::kMainParam, index)));
+  }
   uint64_t h =
       std::hash<std::string>{}(name) ^ (static_cast<uint64_t>(kind) * 0x9e3779b97f4a7c15ull);
   h ^= static_cast<uint64_t>(index) * 0xbf58476d1ce4e5b9ull;
@@ -380,8 +385,10 @@ TEST_F(CheckpointTest, KilledWriterLeavesPreviousCheckpointLoadable) {
   SyntheticSource source(config.vocab_size);
   ASSERT_TRUE(SaveCheckpointFrom(source, Metadata(config, {2, 2, 1}, 1), Dir("k")).ok());
   // 8 shard files + metadata + verified + renamed + tracker = 12 steps; kill after each of them
-  // and before the first.
-  for (int kill_at = 0; kill_at <= 12; ++kill_at) {
+  // and before the first (0), then once more without a kill (13): the child must have died of
+  // the SIGKILL at every step that kills, or the test would prove nothing.
+  constexpr int kSteps = 12;
+  for (int kill_at = 0; kill_at <= kSteps + 1; ++kill_at) {
     pid_t child = ::fork();
     ASSERT_GE(child, 0);
     if (child == 0) {
@@ -391,13 +398,21 @@ TEST_F(CheckpointTest, KilledWriterLeavesPreviousCheckpointLoadable) {
                                        [&](std::string_view) {
                                          if (++step == kill_at) ::raise(SIGKILL);
                                        });
-      ::_exit(status.ok() ? 0 : 1);
+      ::_exit(status.ok() ? (step == kSteps ? 0 : 3) : 1);
     }
     int wstatus = 0;
-    ::waitpid(child, &wstatus, 0);
+    ASSERT_EQ(::waitpid(child, &wstatus, 0), child);
+    if (kill_at <= kSteps) {
+      ASSERT_TRUE(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL)
+          << "the writer was not killed at step " << kill_at << " (status " << wstatus << ")";
+    } else {
+      ASSERT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0)
+          << "the save without a kill failed or took other than " << kSteps << " steps";
+    }
     auto reader = CheckpointReader::Open(Dir("k"), std::nullopt);
     ASSERT_TRUE(reader.ok()) << "killed at step " << kill_at << ": " << reader.status();
-    const int64_t expected = kill_at == 12 || !WIFSIGNALED(wstatus) ? 2 : 1;
+    // The tracker is the last thing written: only a kill after it sees iteration 2.
+    const int64_t expected = kill_at >= kSteps ? 2 : 1;
     EXPECT_EQ(reader->get()->metadata().iteration, expected) << "killed at step " << kill_at;
     if (expected == 2) fs::remove_all(Dir("k/iter_0000002"));
     ASSERT_TRUE(SaveCheckpointFrom(source, Metadata(config, {2, 2, 1}, 1), Dir("k")).ok());

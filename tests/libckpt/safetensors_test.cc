@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "libckpt/file_util.h"
 #include "libckpt/safetensors_writer.h"
+#include "libfs/atomic_file.h"
 
 namespace leantron::ckpt {
 namespace {
@@ -163,7 +163,7 @@ TEST(SafetensorsTest, RejectsBadLengthPrefix) {
 
 TEST(SafetensorsTest, OpenNamesTheFile) {
   std::string path = TempPath("short.safetensors");
-  ASSERT_TRUE(WriteFileAtomically(path, "abc").ok());
+  ASSERT_TRUE(leantron::fs::WriteFileAtomically(path, "abc").ok());
   auto file = SafetensorsFile::Open(path);
   ASSERT_FALSE(file.ok());
   EXPECT_NE(file.status().message().find(path), std::string::npos);

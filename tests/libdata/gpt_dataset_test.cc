@@ -134,7 +134,9 @@ TEST_F(GptDatasetTest, SamplesAreConsecutiveWindowsOfTheShuffledDocumentStream) 
       const std::vector<int64_t> expected(stream.begin() + j * 32, stream.begin() + j * 32 + 33);
       ASSERT_EQ(text, expected) << "sample " << i << " num_samples " << num_samples;
     }
-    if (num_samples == 700) EXPECT_GT((*gpt)->num_epochs(), 1);
+    if (num_samples == 700) {
+      EXPECT_GT((*gpt)->num_epochs(), 1);
+    }
   }
 }
 

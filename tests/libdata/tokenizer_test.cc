@@ -10,8 +10,8 @@
 #include "gtest/gtest.h"
 #include "libdata/bpe_merge.h"
 #include "libdata/bpe_vocab.h"
-#include "libdata/file_util.h"
 #include "libdata/gpt2_tokenizer.h"
+#include "libfs/atomic_file.h"
 #include "tests/libdata/vocab_fixture.h"
 
 namespace leantron::data {
@@ -98,8 +98,8 @@ TEST(BpeVocab, BothFormatsAgreeAndExportIsByteExact) {
   auto megatron = BpeVocab::FromMegatronFiles(dir + "/encoder.json", dir + "/vocab.bpe");
   ASSERT_TRUE(megatron.ok()) << megatron.status();
   EXPECT_EQ(megatron->num_ranks(), 50256);
-  auto json = ReadFileToString(dir + "/encoder.json");
-  auto merges = ReadFileToString(dir + "/vocab.bpe");
+  auto json = fs::ReadFileToString(dir + "/encoder.json");
+  auto merges = fs::ReadFileToString(dir + "/vocab.bpe");
   ASSERT_TRUE(json.ok() && merges.ok());
   EXPECT_EQ(megatron->ToEncoderJson(), *json);
   auto merges_text = megatron->ToMergesText();
@@ -144,8 +144,8 @@ TEST(BpeVocab, CorruptTiktokenFilesAreReportedWithTheirLine) {
 
 TEST(BpeVocab, MismatchedMegatronFilesAreReported) {
   const std::string dir = VocabDir();
-  auto json = ReadFileToString(dir + "/encoder.json");
-  auto merges = ReadFileToString(dir + "/vocab.bpe");
+  auto json = fs::ReadFileToString(dir + "/encoder.json");
+  auto merges = fs::ReadFileToString(dir + "/vocab.bpe");
   ASSERT_TRUE(json.ok() && merges.ok());
   // Swap two merge lines: the ranks no longer match encoder.json.
   std::string swapped = *merges;

@@ -1,5 +1,8 @@
 #include "trainer/core/args.h"
 
+#include <cmath>
+#include <utility>
+
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -124,6 +127,8 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
   app.add_flag("--no-load-rng", a->no_load_rng,
                "Accepted for compatibility: dropout masks are a function of the sample, so there "
                "is no RNG state to load");
+  app.add_flag("--no-verify-checkpoint", a->no_verify_checkpoint,
+               "Skip the content checks of --load (checksums, NaN, replicated copies)");
   app.add_flag("--finetune", a->finetune,
                "Load weights only; start at iteration 0 with fresh optimizer and data position");
   // Logging and evaluation.
@@ -160,6 +165,35 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
 
 absl::Status ValidateTrainArgs(TrainArgs* a) {
   auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
+  // NaN passes every comparison below and infinity most; either would train to NaN weights (and
+  // write them, and the flag, into metadata.json, which JSON cannot hold).
+  for (auto [flag, v] : {std::pair{"--lr", a->lr},
+                         {"--min-lr", a->min_lr},
+                         {"--lr-warmup-init", a->lr_warmup_init},
+                         {"--weight-decay", a->weight_decay},
+                         {"--adam-beta1", a->adam_beta1},
+                         {"--adam-beta2", a->adam_beta2},
+                         {"--adam-eps", a->adam_eps},
+                         {"--clip-grad", a->clip_grad},
+                         {"--init-method-std", a->init_method_std},
+                         {"--hidden-dropout", a->hidden_dropout},
+                         {"--attention-dropout", a->attention_dropout},
+                         {"--rotary-base", a->rotary_base},
+                         {"--norm-epsilon", a->norm_epsilon}}) {
+    if (!std::isfinite(v)) return bad(flag, " must be a finite number, not ", v);
+  }
+  for (auto [flag, v] : {std::pair{"--min-lr", a->min_lr},
+                         {"--lr-warmup-init", a->lr_warmup_init},
+                         {"--weight-decay", a->weight_decay},
+                         {"--clip-grad", a->clip_grad},
+                         {"--init-method-std", a->init_method_std},
+                         {"--norm-epsilon", a->norm_epsilon}}) {
+    if (v < 0) return bad(flag, " must not be negative, not ", v);
+  }
+  if (a->adam_beta1 < 0 || a->adam_beta1 >= 1 || a->adam_beta2 < 0 || a->adam_beta2 >= 1)
+    return bad("--adam-beta1 and --adam-beta2 must be in [0, 1)");
+  if (a->adam_eps <= 0) return bad("--adam-eps must be positive, not ", a->adam_eps);
+  if (a->rotary_base <= 0) return bad("--rotary-base must be positive, not ", a->rotary_base);
   const TrainArgs::Unsupported& u = a->unsupported;
   if (u.fp16) return bad("--fp16 is not implemented (loss scaling); use --bf16");
   if (a->context_parallel_size != 1) return bad("context parallelism is not implemented yet");

@@ -74,6 +74,7 @@ struct TrainArgs {
   int64_t save_interval = 0;
   int64_t exit_interval = 0;
   bool no_load_optim = false, no_load_rng = false, finetune = false;
+  bool no_verify_checkpoint = false;  // --load: structure only (libckpt CheckpointReadOptions)
   // Logging and evaluation.
   int64_t log_interval = 100, eval_interval = 1000, eval_iters = 100;
   bool log_throughput = false;

@@ -72,6 +72,20 @@ absl::Status CheckSameModel(const ckpt::ModelConfig& saved, const ckpt::ModelCon
                      " but this run uses ", std::string(ckpt::ActivationName(ours.activation)),
                      " (--openai-gelu selects gelu_tanh)"));
   }
+  // Fields that change the function without changing a shape: a mismatch would load silently.
+  if (saved.norm_epsilon != ours.norm_epsilon)
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint has norm_epsilon ",
+                                                   saved.norm_epsilon, " but this run has ",
+                                                   ours.norm_epsilon, " (--norm-epsilon)"));
+  if (saved.position_embedding_type == ckpt::PositionEmbedding::kRope &&
+      saved.rotary_base != ours.rotary_base)
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint has rotary_base ", saved.rotary_base,
+                                                   " but this run has ", ours.rotary_base,
+                                                   " (--rotary-base)"));
+  if (!saved.rope_scaling_json.empty())
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint has rope_scaling ",
+                                                   saved.rope_scaling_json,
+                                                   ", which this trainer does not apply"));
   if (saved.params_dtype != ckpt::DType::kF32)
     return absl::InvalidArgumentError("only float32 checkpoints can be loaded by the cpu trainer");
   return absl::OkStatus();
@@ -132,8 +146,10 @@ absl::Status LoadTrainingCheckpoint(const TrainArgs& args, const ckpt::ModelLayo
   absl::Status st;
   std::unique_ptr<ckpt::CheckpointReader> reader;
   {
+    // One rank checks the contents (a read of every file); the others only the structure.
+    const bool verify = !args.no_verify_checkpoint && groups.world_rank == 0;
     absl::StatusOr<std::unique_ptr<ckpt::CheckpointReader>> r =
-        ckpt::CheckpointReader::Open(args.load, std::nullopt);
+        ckpt::CheckpointReader::Open(args.load, std::nullopt, {.verify = verify});
     if (r.ok()) {
       reader = std::move(*r);
       st = CheckSameModel(reader->metadata().config, layout.config());

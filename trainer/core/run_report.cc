@@ -67,12 +67,10 @@ std::string MemoryLine(const TrainArgs& args, const TrainingModel& m, const Proc
 std::string RankReport(const TrainArgs& args, const TrainingModel& m, const ProcessGroups& g,
                        const RunTimes& t) {
   std::string out, layers;
-  int64_t recomputed = 0;
   for (const StageModel* c : m.chunks) {
     absl::StrAppend(&layers, layers.empty() ? "" : ", ", "[", c->first_layer(), ", ",
                     c->last_layer(), ")", c->first_stage() ? " +embedding" : "",
                     c->last_stage() ? " +output" : "");
-    recomputed += c->recomputed_layers();
   }
   const double param_mb = m.params->size() * 4.0 / (1 << 20);
   const double adam_mb = m.optimizer->state_elements() * 8.0 / (1 << 20);
@@ -84,16 +82,22 @@ std::string RankReport(const TrainArgs& args, const TrainingModel& m, const Proc
                 "communication and waiting for peers %.2f s of %.2f s in %d iterations (%.1f%%)",
                 t.comm_seconds, t.train_seconds, t.iterations,
                 t.train_seconds > 0 ? 100.0 * t.comm_seconds / t.train_seconds : 0.0);
-  const std::string recompute =
-      args.recompute_granularity == "full"
-          ? absl::StrFormat(" | recomputed %d layer forwards in backwards", recomputed)
-          : "";
   absl::StrAppendFormat(
       &out,
       "[Rank %d] tp %d pp %d dp %d | layers %s | parameters %d: %.1f MB + gradients %.1f MB + "
-      "Adam state %.1f MB | peak resident %d MB%s | %s\n",
+      "Adam state %.1f MB | peak resident %d MB | %s\n",
       g.world_rank, g.coords.tp, g.coords.pp, g.coords.dp, layers, m.params->size(), param_mb,
-      param_mb, adam_mb, PeakResidentMiB(), recompute, comm);
+      param_mb, adam_mb, PeakResidentMiB(), comm);
+  // With recomputation on, what each chunk's backwards redid (so a test can see it happened).
+  if (!args.recompute_granularity.empty()) {
+    for (const StageModel* c : m.chunks) {
+      absl::StrAppendFormat(
+          &out,
+          "[Rank %d] layers [%d, %d): recomputed %d layer forwards and %d attention softmaxes\n",
+          g.world_rank, c->first_layer(), c->last_layer(), c->recomputed_layers(),
+          c->recomputed_softmaxes());
+    }
+  }
   double compute = 0, tp_comm = 0, dp_exposed = 0;
   bool measured = t.steady_iters > 0;
   for (const StageModel* c : m.chunks) {

@@ -70,8 +70,10 @@ class StageModel {
   virtual float* grad_buffer() = 0;
   // Components that follow this model's progress (ModelEvents), called in the order added.
   void AddListener(ModelEvents* listener) { listeners_.push_back(listener); }
-  // Layer forwards run again during backwards so far (activation recomputation), for the report.
+  // Activation recomputation so far, for the report: layer forwards run again during backwards
+  // (full), and attention softmaxes rebuilt (selective).
   virtual int64_t recomputed_layers() const { return 0; }
+  virtual int64_t recomputed_softmaxes() const { return 0; }
   // Peak device memory for the activations this model holds (bytes), for the log.
   virtual int64_t activation_bytes() const { return 0; }
   // Per-step averages measured on the device, leaving out the first step: GPU time of this

@@ -66,6 +66,11 @@ struct LaunchInfo {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   std::string rendezvous_dir;  // shared directory for Gloo's file store
+  // What every rank of the job presents to the rendezvous store, so that no other process can
+  // join: LEANTRON_JOB_TOKEN (train --nproc-per-node sets a random one; set it in a cluster job
+  // script to a secret), else the launcher's job identity (torchrun's run id, Slurm's job and step,
+  // Open MPI's job id), which keeps two jobs on one port apart but is no secret.
+  std::string job_token;
 };
 // RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT, else SLURM_PROCID/SLURM_NTASKS/
 // SLURM_LOCALID, else OMPI_COMM_WORLD_RANK/_SIZE/_LOCAL_RANK; a single process otherwise.

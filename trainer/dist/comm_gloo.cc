@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -24,6 +25,7 @@
 #include "gloo/rendezvous/prefix_store.h"
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
+#include "trainer/dist/rendezvous_signals.h"
 #include "trainer/dist/tcp_store.h"
 
 namespace leantron::trainer {
@@ -52,16 +54,34 @@ class SelfCommunicator final : public Communicator {
   void Barrier() override {}
 };
 
+// Gloo reports a peer that died or a broken connection by exception, from deep inside the
+// training step, where nothing could do more than abort; so the rank ends here, with one line
+// naming itself and the operation, and a non-zero exit.
+[[noreturn]] void PeerLost(int world_rank, const char* op, int group_size, const char* what) {
+  std::fprintf(stderr,
+               "error (rank %d): %s in a group of %d ranks failed: %s (another rank died or the "
+               "network failed)\n",
+               world_rank, op, group_size, what);
+  std::fflush(stderr);
+  ::_exit(1);
+}
+
 class GlooCommunicator final : public Communicator {
  public:
-  explicit GlooCommunicator(std::shared_ptr<gloo::Context> context)
-      : context_(std::move(context)) {}
+  GlooCommunicator(std::shared_ptr<gloo::Context> context, int world_rank)
+      : context_(std::move(context)), world_rank_(world_rank) {}
   int rank() const override { return context_->rank; }
   int size() const override { return context_->size; }
 
-  void AllReduceSum(float* data, size_t n) override { AllReduce<float>(data, n, false); }
-  void AllReduceMax(float* data, size_t n) override { AllReduce<float>(data, n, true); }
-  void AllReduceSumDouble(double* data, size_t n) override { AllReduce<double>(data, n, false); }
+  void AllReduceSum(float* data, size_t n) override {
+    Guard("all-reduce", [&] { AllReduce<float>(data, n, false); });
+  }
+  void AllReduceMax(float* data, size_t n) override {
+    Guard("all-reduce", [&] { AllReduce<float>(data, n, true); });
+  }
+  void AllReduceSumDouble(double* data, size_t n) override {
+    Guard("all-reduce", [&] { AllReduce<double>(data, n, false); });
+  }
 
   void AllGather(const float* in, float* out, size_t n) override {
     if (n == 0) return;
@@ -69,7 +89,7 @@ class GlooCommunicator final : public Communicator {
     gloo::AllgatherOptions opts(context_);
     opts.setInput(input.data(), n);
     opts.setOutput(out, n * size());
-    gloo::allgather(opts);
+    Guard("all-gather", [&] { gloo::allgather(opts); });
   }
 
   // Gloo has no new-style reduce-scatter; an all-reduce and a slice give the same sums (every
@@ -85,30 +105,44 @@ class GlooCommunicator final : public Communicator {
     gloo::BroadcastOptions opts(context_);
     opts.setOutput(data, n);
     opts.setRoot(root);
-    gloo::broadcast(opts);
+    Guard("broadcast", [&] { gloo::broadcast(opts); });
   }
 
   void SendAsync(const float* data, size_t n, int peer, uint32_t tag) override {
     Pending& pending = pending_.emplace_back();
     pending.data.assign(data, data + n);
-    pending.buffer = context_->createUnboundBuffer(pending.data.data(), n * sizeof(float));
-    pending.buffer->send(peer, kP2pSlot + tag);
+    Guard("send", [&] {
+      pending.buffer = context_->createUnboundBuffer(pending.data.data(), n * sizeof(float));
+      pending.buffer->send(peer, kP2pSlot + tag);
+    });
   }
   void Recv(float* data, size_t n, int peer, uint32_t tag) override {
-    auto buf = context_->createUnboundBuffer(data, n * sizeof(float));
-    buf->recv(peer, kP2pSlot + tag);
-    buf->waitRecv();
+    Guard("receive", [&] {
+      auto buf = context_->createUnboundBuffer(data, n * sizeof(float));
+      buf->recv(peer, kP2pSlot + tag);
+      buf->waitRecv();
+    });
   }
   void WaitSends() override {
-    for (Pending& p : pending_) p.buffer->waitSend();
+    Guard("send", [&] {
+      for (Pending& p : pending_) p.buffer->waitSend();
+    });
     pending_.clear();
   }
   void Barrier() override {
     gloo::BarrierOptions opts(context_);
-    gloo::barrier(opts);
+    Guard("barrier", [&] { gloo::barrier(opts); });
   }
 
  private:
+  template <typename F>
+  void Guard(const char* op, F&& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      PeerLost(world_rank_, op, size(), e.what());
+    }
+  }
   template <typename T>
   void AllReduce(T* data, size_t n, bool max) {
     if (n == 0) return;
@@ -119,6 +153,7 @@ class GlooCommunicator final : public Communicator {
     gloo::allreduce(opts);
   }
   std::shared_ptr<gloo::Context> context_;
+  int world_rank_ = 0;
   struct Pending {
     std::vector<float> data;
     std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
@@ -211,6 +246,14 @@ LaunchInfo LaunchInfoFromEnvironment() {
   if (const char* a = std::getenv("MASTER_ADDR")) info.master_addr = a;
   info.master_port = EnvInt("MASTER_PORT", 29500);
   if (const char* d = std::getenv("LEANTRON_RENDEZVOUS_DIR")) info.rendezvous_dir = d;
+  if (const char* t = std::getenv("LEANTRON_JOB_TOKEN"); t != nullptr && *t != '\0') {
+    info.job_token = t;
+  } else {
+    for (const char* name : {"TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID",
+                             "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"}) {
+      if (const char* v = std::getenv(name)) absl::StrAppend(&info.job_token, name, "=", v, ";");
+    }
+  }
   return info;
 }
 
@@ -226,7 +269,10 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(const LaunchInfo& launch,
                                                    sizes.tp, " x CP ", sizes.cp, " x PP ", sizes.pp,
                                                    " x DP ", sizes.dp));
   }
-  if (sizes.world() == 1) return SingleProcessGroups();
+  if (sizes.world() == 1) {
+    EndRendezvousPhase();
+    return SingleProcessGroups();
+  }
   try {
     const auto timeout = std::chrono::seconds(options.timeout_s);
     // Rendezvous: a directory every rank sees (train --nproc-per-node makes one), else a TCP
@@ -243,13 +289,11 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(const LaunchInfo& launch,
       owned_store = std::make_unique<gloo::rendezvous::FileStore>(launch.rendezvous_dir);
     } else {
       if (launch.rank == 0) {
-        absl::StatusOr<std::unique_ptr<TcpStoreServer>> s =
-            TcpStoreServer::Start(launch.master_port);
+        absl::StatusOr<std::unique_ptr<TcpStoreServer>> s = TcpStoreServer::Start(launch);
         if (!s.ok()) return s.status();
         server = std::move(*s);
       }
-      absl::StatusOr<std::unique_ptr<TcpStore>> c =
-          TcpStore::Connect(launch.master_addr, launch.master_port, timeout, timeout);
+      absl::StatusOr<std::unique_ptr<TcpStore>> c = TcpStore::Connect(launch, timeout, timeout);
       if (!c.ok()) return c.status();
       owned_store = std::move(*c);
     }
@@ -280,18 +324,24 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(const LaunchInfo& launch,
       auto ctx = std::make_shared<gloo::rendezvous::Context>(my, static_cast<int>(members.size()));
       ctx->setTimeout(timeout);
       ctx->connectFullMesh(prefixed, device);
-      return std::make_unique<GlooCommunicator>(std::move(ctx));
+      return std::make_unique<GlooCommunicator>(std::move(ctx), launch.rank);
     };
     for (const GroupSpec& spec : GroupsOf(g.coords, sizes)) {
       g.*spec.slot = connect(spec.key + "/", spec.members);
     }
-    // Rank 0 serves the store until every rank is done with it.
+    // Rank 0 serves the store until every rank is done with it; a rendezvous folder goes as soon
+    // as every rank is done with it, so that nothing is left even if the launcher is killed.
     store.set(absl::StrCat("done/", launch.rank), {'1'});
-    if (server) {
+    if (launch.rank == 0) {
       std::vector<std::string> done;
       for (int r = 0; r < sizes.world(); ++r) done.push_back(absl::StrCat("done/", r));
-      store.wait(done);
+      store.wait(done, std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
+      if (!launch.rendezvous_dir.empty()) {
+        std::error_code ec;
+        std::filesystem::remove_all(launch.rendezvous_dir, ec);
+      }
     }
+    EndRendezvousPhase();
     return g;
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("gloo rendezvous failed: ", e.what()));

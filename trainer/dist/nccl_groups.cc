@@ -4,6 +4,7 @@
 #include <set>
 
 #include "trainer/dist/nccl_runtime.h"
+#include "trainer/dist/rendezvous_signals.h"
 
 namespace leantron::trainer {
 
@@ -112,6 +113,7 @@ absl::StatusOr<ProcessGroups> CreateNcclProcessGroups(const LaunchInfo& launch,
                                                           grp.rank, grp.comm);
   }
   runtime->SetInitialized();
+  EndRendezvousPhase();
   return g;
 }
 

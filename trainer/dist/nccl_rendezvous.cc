@@ -15,12 +15,11 @@ absl::Status NcclRuntime::Rendezvous() {
   const long long limit = SecondsOf(rendezvous_timeout_);
   const auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(rendezvous_timeout_);
   if (rank() == 0) {
-    absl::StatusOr<std::unique_ptr<TcpStoreServer>> s = TcpStoreServer::Start(launch_.master_port);
+    absl::StatusOr<std::unique_ptr<TcpStoreServer>> s = TcpStoreServer::Start(launch_);
     if (!s.ok()) return s.status();
     server_ = std::move(*s);
   }
-  absl::StatusOr<std::unique_ptr<TcpStore>> c =
-      TcpStore::Connect(launch_.master_addr, launch_.master_port, timeout, timeout);
+  absl::StatusOr<std::unique_ptr<TcpStore>> c = TcpStore::Connect(launch_, timeout, timeout);
   if (!c.ok()) {
     return absl::DeadlineExceededError(absl::StrCat(
         "rank ", rank(), " could not reach the rendezvous store at ", where, " within ", limit,
@@ -52,7 +51,7 @@ absl::Status NcclRuntime::Rendezvous() {
         " s (--rendezvous-timeout-seconds; a rank never arrived, or rank 0 is gone): ", e.what()));
   }
   absl::StatusOr<std::unique_ptr<TcpStore>> hb =
-      TcpStore::Connect(launch_.master_addr, launch_.master_port, seconds(30), seconds(30));
+      TcpStore::Connect(launch_, seconds(30), seconds(30));
   if (!hb.ok()) return hb.status();
   hb_store_ = std::move(*hb);
   LT_CUDA_CHECK(cudaMalloc(&scratch_, 256));

@@ -196,9 +196,10 @@ void ReferenceModel::LayerBackward(Slot& s, int l) {
   LayerActs& a = s.layers[l];
   if (layer.recompute) {
     LayerForward(s, l);  // rewrites the shared activations and, identically, hidden[l + 1]
-    ++recomputed_;
+    ++recomputed_layers_;
   } else if (opt_.recompute_attention) {
     layer.attention.RecomputeProbs(a.attention, AttnDrop(s.mb, g));
+    ++recomputed_softmaxes_;
   }
   const int64_t n_local = ctx_.rows_local * h_;
   // dhidden_ holds d(y); it becomes d(mid), then d(x): the residual paths pass it through and

@@ -46,7 +46,8 @@ class ReferenceModel : public StageModel {
   const float* InputGrad() const override { return dhidden_; }
   float* input_buffer() override { return recv_input_; }
   float* grad_buffer() override { return recv_grad_; }
-  int64_t recomputed_layers() const override { return recomputed_; }
+  int64_t recomputed_layers() const override { return recomputed_layers_; }
+  int64_t recomputed_softmaxes() const override { return recomputed_softmaxes_; }
 
  private:
   struct Layer {
@@ -108,7 +109,7 @@ class ReferenceModel : public StageModel {
   float *dhidden_, *dtmp_;        // residual-stream gradient and a branch's, this rank's rows
   std::vector<float> host_rows_;  // per-row losses / loss gradients on the host
   float *recv_input_, *recv_grad_;
-  int64_t recomputed_ = 0;  // layer forwards run again in backwards so far
+  int64_t recomputed_layers_ = 0, recomputed_softmaxes_ = 0;  // in backwards so far
 };
 
 }  // namespace leantron::trainer

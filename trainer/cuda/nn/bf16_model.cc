@@ -42,7 +42,7 @@ class Bf16Model final : public StageModel {
   const float* InputGrad() const override { return reinterpret_cast<const float*>(dx_); }
   float* input_buffer() override { return reinterpret_cast<float*>(recv_input_); }
   float* grad_buffer() override { return reinterpret_cast<float*>(recv_grad_); }
-  int64_t recomputed_layers() const override { return recomputed_; }
+  int64_t recomputed_layers() const override { return recomputed_layers_; }
   int64_t activation_bytes() const override { return memory_.bytes(); }
   bool StepTimes(double* compute_ms, double* tp_comm_ms) const override {
     return prof_.Averages(compute_ms, tp_comm_ms);
@@ -107,7 +107,7 @@ class Bf16Model final : public StageModel {
   bf16 *junk_ = nullptr, *lnf_full_ = nullptr, *dlnf_full_ = nullptr;
   bf16* dx_ = nullptr;  // the residual stream's gradient, this rank's rows
   bf16 *recv_input_, *recv_grad_;
-  int64_t recomputed_ = 0;
+  int64_t recomputed_layers_ = 0;  // layer forwards run again in backwards
 };
 
 Bf16Model::Bf16Model(const ckpt::ModelLayout& layout, ParamStore* params,
@@ -386,7 +386,7 @@ void Bf16Model::Backward(int slot, const float* doutput, float loss_scale) {
     const TransformerLayer::Acts& a = s.acts[l];
     if (layer.recompute()) {
       layer.Recompute(s.x[l], a, Drop(s, layer.global_index(), 1));
-      ++recomputed_;
+      ++recomputed_layers_;
     } else if (opt_.recompute_gelu) {
       layer.RecomputeActivation(a);
     }
