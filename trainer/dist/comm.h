@@ -71,6 +71,9 @@ struct LaunchInfo {
   // script to a secret), else the launcher's job identity (torchrun's run id, Slurm's job and step,
   // Open MPI's job id), which keeps two jobs on one port apart but is no secret.
   std::string job_token;
+  // The address Gloo's connections bind to (LEANTRON_GLOO_HOSTNAME); empty: 127.0.0.1 when
+  // MASTER_ADDR is local, else the host name.
+  std::string gloo_hostname;
 };
 // RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT, else SLURM_PROCID/SLURM_NTASKS/
 // SLURM_LOCALID, else OMPI_COMM_WORLD_RANK/_SIZE/_LOCAL_RANK; a single process otherwise.

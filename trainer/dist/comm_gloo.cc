@@ -246,6 +246,7 @@ LaunchInfo LaunchInfoFromEnvironment() {
   if (const char* a = std::getenv("MASTER_ADDR")) info.master_addr = a;
   info.master_port = EnvInt("MASTER_PORT", 29500);
   if (const char* d = std::getenv("LEANTRON_RENDEZVOUS_DIR")) info.rendezvous_dir = d;
+  if (const char* h = std::getenv("LEANTRON_GLOO_HOSTNAME")) info.gloo_hostname = h;
   if (const char* t = std::getenv("LEANTRON_JOB_TOKEN"); t != nullptr && *t != '\0') {
     info.job_token = t;
   } else {
@@ -299,11 +300,10 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(const LaunchInfo& launch,
     }
     gloo::rendezvous::Store& store = *owned_store;
     gloo::transport::tcp::attr attr;
-    const char* host = std::getenv("LEANTRON_GLOO_HOSTNAME");
-    attr.hostname =
-        host ? host
-             : (launch.master_addr == "127.0.0.1" || launch.master_addr == "localhost" ? "127.0.0.1"
-                                                                                       : "");
+    attr.hostname = !launch.gloo_hostname.empty() ? launch.gloo_hostname
+                    : launch.master_addr == "127.0.0.1" || launch.master_addr == "localhost"
+                        ? "127.0.0.1"
+                        : "";
     if (attr.hostname.empty()) {
       char name[256] = {0};
       gethostname(name, sizeof(name) - 1);
