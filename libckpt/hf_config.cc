@@ -242,7 +242,16 @@ std::string HfConfigJson(const HfModelInfo& info) {
     add("max_position_embeddings", Cat(c.max_position_embeddings));
     add("rms_norm_eps", absl::StrFormat("%.17g", c.norm_epsilon));
     add("rope_theta", absl::StrFormat("%.17g", c.rotary_base));
-    add("rope_scaling", c.rope_scaling_json.empty() ? "null" : c.rope_scaling_json);
+    if (const RopeScaling& r = c.rope_scaling; r.llama3) {
+      add("rope_scaling",
+          absl::StrFormat("{\"rope_type\": \"llama3\", \"factor\": %.17g, \"low_freq_factor\": "
+                          "%.17g, \"high_freq_factor\": %.17g, "
+                          "\"original_max_position_embeddings\": %d}",
+                          r.factor, r.low_freq_factor, r.high_freq_factor,
+                          r.original_max_position_embeddings));
+    } else {
+      add("rope_scaling", "null");
+    }
     add("attention_bias", "false");
     add("mlp_bias", "false");
   }

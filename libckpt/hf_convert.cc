@@ -226,11 +226,6 @@ absl::Status ExportHfCheckpoint(const std::string& load_dir, const std::string& 
   const CheckpointMetadata& metadata = (*reader)->metadata();
   auto architecture = HfArchitectureFor(metadata.config);
   if (!architecture.ok()) return architecture.status();
-  if (!metadata.config.rope_scaling_json.empty()) {
-    return absl::InvalidArgumentError(Cat(load_dir, ": the checkpoint's rope_scaling ",
-                                          metadata.config.rope_scaling_json,
-                                          " is not supported (only unscaled rotary positions)"));
-  }
   // The export is written into a folder of its own beside the destination and swapped in when
   // complete: the destination then holds exactly this export (no stale shard or index beside it),
   // and a failure leaves it as it was.

@@ -18,6 +18,16 @@ enum class NormType { kLayerNorm, kRMSNorm };
 enum class Activation { kGelu, kGeluTanh, kSwiGLU };
 enum class PositionEmbedding { kLearnedAbsolute, kRope };
 
+// Scaling of the rotary frequencies. Llama 3.1's ("rope_type": "llama3" in HF, Megatron's
+// --use-rope-scaling): wavelengths longer than original/low_freq_factor are divided by `factor`,
+// shorter than original/high_freq_factor kept, those between interpolated smoothly.
+struct RopeScaling {
+  bool llama3 = false;
+  double factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+  bool operator==(const RopeScaling&) const = default;
+};
+
 struct ModelConfig {
   int64_t num_layers = 0;
   int64_t hidden_size = 0;
@@ -33,9 +43,9 @@ struct ModelConfig {
   Activation activation = Activation::kGelu;
   PositionEmbedding position_embedding_type = PositionEmbedding::kLearnedAbsolute;
   double rotary_base = 10000.0;
-  std::string rope_scaling_json;  // HF "rope_scaling" object kept verbatim; empty when absent.
-  bool add_bias_linear = true;    // Biases on linear_proj / linear_fc1 / linear_fc2.
-  bool add_qkv_bias = true;       // Bias on linear_qkv.
+  RopeScaling rope_scaling;
+  bool add_bias_linear = true;  // Biases on linear_proj / linear_fc1 / linear_fc2.
+  bool add_qkv_bias = true;     // Bias on linear_qkv.
   bool untie_embeddings_and_output_weights = false;
   DType params_dtype = DType::kF32;
 

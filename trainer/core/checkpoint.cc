@@ -82,10 +82,12 @@ absl::Status CheckSameModel(const ckpt::ModelConfig& saved, const ckpt::ModelCon
     return absl::InvalidArgumentError(absl::StrCat("checkpoint has rotary_base ", saved.rotary_base,
                                                    " but this run has ", ours.rotary_base,
                                                    " (--rotary-base)"));
-  if (!saved.rope_scaling_json.empty())
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint has rope_scaling ",
-                                                   saved.rope_scaling_json,
-                                                   ", which this trainer does not apply"));
+  if (!(saved.rope_scaling == ours.rope_scaling))
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint has rope_scaling ", saved.rope_scaling.llama3 ? "llama3" : "none",
+                     " (factor ", saved.rope_scaling.factor, ") but this run has ",
+                     ours.rope_scaling.llama3 ? "llama3" : "none", " (factor ",
+                     ours.rope_scaling.factor, "; --use-rope-scaling, --rope-scaling-factor)"));
   if (saved.params_dtype != ckpt::DType::kF32)
     return absl::InvalidArgumentError("only float32 checkpoints can be loaded by the cpu trainer");
   return absl::OkStatus();
