@@ -152,10 +152,10 @@ void LoadPeerExchangeKernels();
 void AddBias(float* out, const float* bias, int64_t rows, int64_t cols, cudaStream_t s);
 
 // Rotary embedding (rotate-half) of the queries and keys of qkv in Megatron-Core's grouped
-// layout, in place; `inverse` rotates back (the backward).
+// layout, in place, by the table cos/sin [seq, head_dim/2] (RopeTable; sin negated rotates back,
+// the backward).
 void Rope(float* qkv, int64_t batch, int64_t seq, int64_t heads, int64_t groups, int64_t head_dim,
-          double base, bool inverse, Scratch scratch, cudaStream_t s);
-size_t RopeScratchBytes(int64_t seq, int64_t head_dim);
+          const float* cos, const float* sin, cudaStream_t s);
 
 // Causal attention with materialised probabilities, as CpuOps::AttentionForward/Backward
 // (a plain reference kernel, not the fast path).
