@@ -1,0 +1,388 @@
+#include "libdata/sentencepiece_tokenizer.h"
+
+#include <cmath>
+#include <optional>
+#include <queue>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_format.h"
+#include "libdata/added_tokens.h"
+#include "libdata/file_util.h"
+#include "libdata/sentencepiece_model.h"
+#include "libdata/sentencepiece_normalizer.h"
+#include "libdata/string_compat.h"
+#include "libdata/token_table.h"
+#include "libdata/unicode_class.h"
+
+namespace leantron::data {
+namespace {
+
+using PieceType = SentencePieceModel::PieceType;
+constexpr std::string_view kSpaceSymbol = "\xE2\x96\x81";
+
+size_t OneCharLen(uint8_t lead) { return "\1\1\1\1\1\1\1\1\1\1\1\1\2\2\3\4"[lead >> 4]; }
+
+class SpTokenizer;
+
+class SpEncoder : public TextEncoder {
+ public:
+  explicit SpEncoder(const SpTokenizer& t) : t_(t) {}
+  absl::Status Encode(std::string_view text, std::vector<int32_t>* out) override;
+
+ private:
+  void EncodeWord(std::string_view word, std::vector<int32_t>* ids);
+  void Resegment(std::string_view w, std::vector<int32_t>* ids);
+  void Emit(const std::vector<int32_t>& ids, std::vector<int32_t>* out);
+
+  const SpTokenizer& t_;
+  std::string normalized_;
+  bool prev_unk_ = false;
+  absl::flat_hash_map<std::string, std::vector<int32_t>> cache_;
+  std::vector<int32_t> word_ids_;
+  // Merge workspace.
+  struct Symbol {
+    uint32_t start, len;
+    int32_t prev, next;
+    bool freeze;
+  };
+  std::vector<Symbol> symbols_;
+  absl::flat_hash_map<std::string, std::pair<std::string, std::string>> rev_merge_;
+};
+
+class SpTokenizer : public Tokenizer {
+ public:
+  static absl::StatusOr<std::unique_ptr<SpTokenizer>> Create(SentencePieceModel model,
+                                                             const std::string& name,
+                                                             const std::string& type);
+
+  std::unique_ptr<TextEncoder> NewEncoder(const EncodeOptions&) const override {
+    return std::make_unique<SpEncoder>(*this);
+  }
+  absl::Status Decode(absl::Span<const int32_t> ids, std::string* out) const override;
+  int64_t vocab_size() const override { return static_cast<int64_t>(model_.pieces.size()); }
+  std::optional<int32_t> eod_id() const override { return eos_; }
+  EncodeOptions megatron_defaults() const override { return {false, false}; }
+  std::string Describe() const override {
+    return absl::StrFormat("%s %s (SentencePiece BPE%s, %d pieces, EOD %s)", type_, name_,
+                           model_.byte_fallback ? ", byte fallback" : "", model_.pieces.size(),
+                           eos_ ? absl::StrCat(*eos_) : "none");
+  }
+
+  // sentencepiece's PieceToId: reserved pieces, then ordinary ones, else unk.
+  int32_t PieceToId(std::string_view s) const {
+    const int32_t r = reserved_.Find(s);
+    if (r >= 0) return r;
+    const int32_t p = pieces_.Find(s);
+    return p >= 0 ? p : unk_id_;
+  }
+
+  SentencePieceModel model_;
+  std::string name_, type_;
+  std::unique_ptr<TokenMatcher> user_defined_;
+  std::optional<SentencePieceNormalizer> normalizer_;
+  TokenTable pieces_;    // NORMAL, USER_DEFINED, UNUSED
+  TokenTable reserved_;  // CONTROL, UNKNOWN, BYTE
+  int32_t unk_id_ = -1;
+  int32_t byte_ids_[256] = {};
+  bool split_words_ = false;
+  std::string space_;
+  std::optional<int32_t> eos_;
+};
+
+absl::StatusOr<std::unique_ptr<SpTokenizer>> SpTokenizer::Create(SentencePieceModel model,
+                                                                 const std::string& name,
+                                                                 const std::string& type) {
+  const auto error = [&](const std::string& what) {
+    return absl::InvalidArgumentError(Cat(name, ": ", what));
+  };
+  if (model.model_type != SentencePieceModel::ModelType::kBpe) {
+    const char* kind = model.model_type == SentencePieceModel::ModelType::kUnigram ? "unigram"
+                       : model.model_type == SentencePieceModel::ModelType::kWord  ? "word"
+                                                                                   : "char";
+    return absl::UnimplementedError(
+        Cat(name, ": the SentencePiece ", kind, " model is not implemented (only BPE is)"));
+  }
+  auto t = std::unique_ptr<SpTokenizer>(new SpTokenizer());
+  t->name_ = name;
+  t->type_ = type;
+  t->user_defined_ = std::make_unique<TokenMatcher>();
+  bool byte_found[256] = {};
+  for (size_t i = 0; i < model.pieces.size(); ++i) {
+    const auto& p = model.pieces[i];
+    const int32_t id = static_cast<int32_t>(i);
+    if (p.piece.empty()) return error(absl::StrFormat("piece %d is empty", i));
+    if (std::isnan(p.score)) return error(absl::StrFormat("piece %d has a NaN score", i));
+    const bool normal = p.type == PieceType::kNormal || p.type == PieceType::kUserDefined ||
+                        p.type == PieceType::kUnused;
+    TokenTable& table = normal ? t->pieces_ : t->reserved_;
+    if (table.Find(p.piece) >= 0)
+      return error(Cat("piece \"", absl::CHexEscape(p.piece), "\" is defined twice"));
+    table.Set(p.piece, id);
+    if (p.type == PieceType::kUserDefined) t->user_defined_->Add(p.piece, id);
+    if (p.type == PieceType::kUnknown) {
+      if (t->unk_id_ >= 0) return error("the unk piece is defined twice");
+      t->unk_id_ = id;
+    }
+    if (p.type == PieceType::kByte) {
+      if (!model.byte_fallback) return error(Cat("byte piece ", p.piece, " without byte_fallback"));
+      unsigned b = 256;
+      if (p.piece.size() == 6 && std::sscanf(p.piece.c_str(), "<0x%2X>", &b) == 1 &&
+          absl::StrFormat("<0x%02X>", b) == p.piece && b < 256) {
+        byte_found[b] = true;
+        t->byte_ids_[b] = id;
+      } else {
+        return error(Cat("byte piece ", p.piece, " is invalid"));
+      }
+    }
+  }
+  if (t->unk_id_ < 0) return error("no unk piece");
+  if (model.byte_fallback) {
+    for (bool f : byte_found)
+      if (!f) return error("byte_fallback without all 256 byte pieces");
+  }
+  absl::StatusOr<SentencePieceNormalizer> normalizer = SentencePieceNormalizer::Create(
+      model.normalizer, model.treat_whitespace_as_suffix, t->user_defined_.get());
+  if (!normalizer.ok()) return error(std::string(normalizer.status().message()));
+  t->normalizer_.emplace(*std::move(normalizer));
+  // Words can be merged one at a time when no piece holds the word boundary inside.
+  t->space_ = model.normalizer.escape_whitespaces ? std::string(kSpaceSymbol) : " ";
+  t->split_words_ = true;
+  for (const auto& p : model.pieces) {
+    if (p.type != PieceType::kNormal && p.type != PieceType::kUserDefined &&
+        p.type != PieceType::kUnused)
+      continue;
+    const size_t at = p.piece.find(t->space_, model.treat_whitespace_as_suffix ? 0 : 1);
+    if (at != std::string::npos &&
+        !(model.treat_whitespace_as_suffix && at + t->space_.size() == p.piece.size())) {
+      t->split_words_ = false;
+      break;
+    }
+  }
+  const int32_t eos = t->PieceToId(model.eos_piece);
+  if (model.pieces[eos].type == PieceType::kControl) t->eos_ = eos;
+  t->model_ = std::move(model);
+  return t;
+}
+
+absl::Status SpTokenizer::Decode(absl::Span<const int32_t> ids, std::string* out) const {
+  if (model_.has_denormalizer && !model_.denormalizer.precompiled_charsmap.empty()) {
+    return absl::UnimplementedError(
+        Cat(name_, ": decoding with a denormalizer is not implemented"));
+  }
+  const auto type_of = [&](int32_t id) { return model_.pieces[id].type; };
+  std::string text;
+  std::string bytes;
+  bool is_bos_ws = true, bos_ws_seen = false;
+  const auto flush_bytes = [&] {
+    // Byte pieces decode as UTF-8; a byte that starts no valid character is U+FFFD.
+    const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
+    const uint8_t* end = p + bytes.size();
+    while (p < end) {
+      uint32_t cp;
+      const int len = DecodeUtf8(p, end, &cp);
+      if (len == 0) {
+        text += "\xEF\xBF\xBD";
+        ++p;
+      } else {
+        text.append(reinterpret_cast<const char*>(p), len);
+        p += len;
+      }
+    }
+    bytes.clear();
+  };
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int32_t id = ids[i];
+    if (id < 0 || static_cast<size_t>(id) >= model_.pieces.size()) {
+      return absl::OutOfRangeError(
+          absl::StrFormat("id %d at position %d is outside the %d pieces of %s", id, i,
+                          model_.pieces.size(), name_));
+    }
+    const PieceType type = type_of(id);
+    if (type == PieceType::kByte) {
+      unsigned b;
+      std::sscanf(model_.pieces[id].piece.c_str(), "<0x%2X>", &b);
+      bytes.push_back(static_cast<char>(b));
+      continue;
+    }
+    flush_bytes();
+    if (bos_ws_seen || !text.empty()) is_bos_ws = false;
+    std::string_view piece = model_.pieces[id].piece;
+    if (type == PieceType::kControl) {
+      bos_ws_seen = false;
+      continue;
+    }
+    if (type == PieceType::kUnknown) {
+      text += model_.unk_surface;
+      bos_ws_seen = false;
+      continue;
+    }
+    bool has_bos_ws = false;
+    if (is_bos_ws &&
+        (model_.normalizer.add_dummy_prefix || model_.normalizer.remove_extra_whitespaces)) {
+      if (piece.substr(0, kSpaceSymbol.size()) == kSpaceSymbol) {
+        piece.remove_prefix(kSpaceSymbol.size());
+        has_bos_ws = true;
+      }
+      if (model_.normalizer.remove_extra_whitespaces) has_bos_ws = false;
+    }
+    for (size_t k = 0; k < piece.size();) {
+      if (piece.substr(k, kSpaceSymbol.size()) == kSpaceSymbol) {
+        text.push_back(' ');
+        k += kSpaceSymbol.size();
+      } else {
+        text.push_back(piece[k++]);
+      }
+    }
+    bos_ws_seen = has_bos_ws;
+  }
+  flush_bytes();
+  out->append(text);
+  return absl::OkStatus();
+}
+
+void SpEncoder::Resegment(std::string_view w, std::vector<int32_t>* ids) {
+  const int32_t id = t_.PieceToId(w);
+  if (t_.model_.pieces[id].type == PieceType::kUnused) {
+    const auto it = rev_merge_.find(absl::string_view(w.data(), w.size()));
+    if (it != rev_merge_.end()) {
+      const auto parts = it->second;  // copy: the recursion may rehash the map
+      Resegment(parts.first, ids);
+      Resegment(parts.second, ids);
+      return;
+    }
+  }
+  if (id == t_.unk_id_ && t_.model_.byte_fallback) {
+    for (char c : w) ids->push_back(t_.byte_ids_[static_cast<uint8_t>(c)]);
+  } else {
+    ids->push_back(id);
+  }
+}
+
+void SpEncoder::EncodeWord(std::string_view word, std::vector<int32_t>* ids) {
+  // Characters (user-defined symbols whole and frozen).
+  symbols_.clear();
+  rev_merge_.clear();
+  for (size_t pos = 0; pos < word.size();) {
+    const std::string_view rest = word.substr(pos);
+    size_t n = t_.user_defined_->LongestPrefix(rest);
+    const bool freeze = n > 0;
+    if (!freeze) n = std::min(rest.size(), OneCharLen(static_cast<uint8_t>(rest[0])));
+    const int32_t index = static_cast<int32_t>(symbols_.size());
+    symbols_.push_back({static_cast<uint32_t>(pos), static_cast<uint32_t>(n), index - 1,
+                        pos + n < word.size() ? index + 1 : -1, freeze});
+    pos += n;
+  }
+  // sentencepiece's agenda: the highest score first, the leftmost on ties; an entry is stale
+  // when either symbol was merged away or grew.
+  struct Pair {
+    float score;
+    int32_t left, right;
+    uint32_t size;
+  };
+  const auto worse = [](const Pair& a, const Pair& b) {
+    return a.score < b.score || (a.score == b.score && a.left > b.left);
+  };
+  std::priority_queue<Pair, std::vector<Pair>, decltype(worse)> agenda(worse);
+  const auto add = [&](int32_t left, int32_t right) {
+    if (left < 0 || right < 0 || symbols_[left].freeze || symbols_[right].freeze) return;
+    const uint32_t size = symbols_[left].len + symbols_[right].len;
+    const std::string_view piece = word.substr(symbols_[left].start, size);
+    const int32_t id = t_.pieces_.Find(piece);
+    if (id < 0) return;
+    agenda.push({t_.model_.pieces[id].score, left, right, size});
+    if (t_.model_.pieces[id].type == PieceType::kUnused) {
+      rev_merge_[absl::string_view(piece.data(), piece.size())] = {
+          std::string(word.substr(symbols_[left].start, symbols_[left].len)),
+          std::string(word.substr(symbols_[right].start, symbols_[right].len))};
+    }
+  };
+  for (size_t i = 1; i < symbols_.size(); ++i)
+    add(static_cast<int32_t>(i - 1), static_cast<int32_t>(i));
+  while (!agenda.empty()) {
+    const Pair top = agenda.top();
+    agenda.pop();
+    Symbol& l = symbols_[top.left];
+    Symbol& r = symbols_[top.right];
+    if (l.len == 0 || r.len == 0 || l.len + r.len != top.size) continue;
+    l.len += r.len;
+    l.next = r.next;
+    if (r.next >= 0) symbols_[r.next].prev = top.left;
+    r.len = 0;
+    add(l.prev, top.left);
+    add(top.left, l.next);
+  }
+  for (int32_t i = symbols_.empty() ? -1 : 0; i >= 0; i = symbols_[i].next) {
+    Resegment(word.substr(symbols_[i].start, symbols_[i].len), ids);
+  }
+}
+
+void SpEncoder::Emit(const std::vector<int32_t>& ids, std::vector<int32_t>* out) {
+  // Consecutive unknown pieces are one unknown (byte fallback expands them instead).
+  for (int32_t id : ids) {
+    const bool unk = id == t_.unk_id_;
+    if (!(unk && prev_unk_)) out->push_back(id);
+    prev_unk_ = unk;
+  }
+}
+
+absl::Status SpEncoder::Encode(std::string_view text, std::vector<int32_t>* out) {
+  t_.normalizer_->Normalize(text, &normalized_);
+  prev_unk_ = false;
+  const std::string_view norm = normalized_;
+  if (!t_.split_words_) {
+    word_ids_.clear();
+    EncodeWord(norm, &word_ids_);
+    Emit(word_ids_, out);
+    return absl::OkStatus();
+  }
+  const std::string& space = t_.space_;
+  const bool suffix = t_.model_.treat_whitespace_as_suffix;
+  size_t start = 0;
+  while (start < norm.size()) {
+    size_t end;
+    if (suffix) {
+      const size_t at = norm.find(space, start);
+      end = at == std::string_view::npos ? norm.size() : at + space.size();
+    } else {
+      const size_t at = norm.find(space, start + 1);
+      end = at == std::string_view::npos ? norm.size() : at;
+    }
+    const std::string_view word = norm.substr(start, end - start);
+    const absl::string_view key(word.data(), word.size());
+    if (auto it = cache_.find(key); it != cache_.end()) {
+      Emit(it->second, out);
+    } else {
+      word_ids_.clear();
+      EncodeWord(word, &word_ids_);
+      Emit(word_ids_, out);
+      if (word.size() <= 256) {
+        if (cache_.size() >= (1 << 17)) cache_.clear();
+        cache_.emplace(key, word_ids_);
+      }
+    }
+    start = end;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> SentencePieceTokenizerFromBytes(
+    std::string_view bytes, const std::string& name, const std::string& type) {
+  absl::StatusOr<SentencePieceModel> model = ParseSentencePieceModel(bytes, name);
+  if (!model.ok()) return model.status();
+  absl::StatusOr<std::unique_ptr<SpTokenizer>> t =
+      SpTokenizer::Create(*std::move(model), name, type);
+  if (!t.ok()) return t.status();
+  return std::unique_ptr<Tokenizer>(std::move(*t));
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceTokenizer(const std::string& path,
+                                                                      const std::string& type) {
+  absl::StatusOr<std::string> bytes = ReadFileToString(path);
+  if (!bytes.ok()) return bytes.status();
+  return SentencePieceTokenizerFromBytes(*bytes, path, type);
+}
+
+}  // namespace leantron::data
