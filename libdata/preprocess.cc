@@ -51,11 +51,11 @@ struct Batch {
 // Per-thread parsing, splitting and tokenizing.
 class DocumentEncoder {
  public:
-  DocumentEncoder(const PreprocessOptions& options, const Gpt2Tokenizer& tokenizer,
-                  std::unique_ptr<SentenceSplitter> splitter)
+  DocumentEncoder(const PreprocessOptions& options, const Tokenizer& tokenizer,
+                  const EncodeOptions& encode, std::unique_ptr<SentenceSplitter> splitter)
       : options_(options),
-        encoder_(tokenizer),
-        eod_(tokenizer.eod_id()),
+        encoder_(tokenizer.NewEncoder(encode)),
+        eod_(tokenizer.eod_id().value_or(-1)),
         splitter_(std::move(splitter)) {}
 
   void Process(Batch* batch) {
@@ -148,11 +148,7 @@ class DocumentEncoder {
       size_t doc_start = out.tokens.size();
       for (const std::string_view sentence : sentences_) {
         const size_t before = out.tokens.size();
-        if (options_.eod_in_text_is_special) {
-          encoder_.Encode(sentence, /*allow_special=*/true, &out.tokens);
-        } else {
-          encoder_.EncodeOrdinary(sentence, &out.tokens);
-        }
+        if (absl::Status s = encoder_->Encode(sentence, &out.tokens); !s.ok()) return s;
         const size_t n = out.tokens.size() - before;
         if (n == 0) continue;  // Megatron drops sentences without tokens.
         out.lengths.push_back(static_cast<int32_t>(n));
@@ -168,7 +164,7 @@ class DocumentEncoder {
   }
 
   const PreprocessOptions& options_;
-  Gpt2Encoder encoder_;
+  std::unique_ptr<TextEncoder> encoder_;
   const int32_t eod_;
   std::unique_ptr<SentenceSplitter> splitter_;
   simdjson::dom::parser parser_;
@@ -266,17 +262,20 @@ std::string PreprocessOutputPrefix(const std::string& output_prefix, const std::
 
 absl::StatusOr<PreprocessStats> PreprocessData(const PreprocessOptions& options) {
   const auto start = std::chrono::steady_clock::now();
-  if (options.tokenizer_type != "GPT2BPETokenizer") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unsupported --tokenizer-type ", options.tokenizer_type, " (supported: GPT2BPETokenizer)"));
-  }
   if (options.json_keys.empty()) return absl::InvalidArgumentError("no --json-keys");
   if (options.output_prefix.empty()) return absl::InvalidArgumentError("no --output-prefix");
   if (options.workers < 1) return absl::InvalidArgumentError("--workers must be at least 1");
   absl::StatusOr<std::vector<std::string>> files = ExpandInputs(options.inputs);
   if (!files.ok()) return files.status();
-  absl::StatusOr<std::unique_ptr<Gpt2Tokenizer>> tokenizer = Gpt2Tokenizer::Load(options.vocab);
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(options.tokenizer);
   if (!tokenizer.ok()) return tokenizer.status();
+  if (options.append_eod && !(*tokenizer)->eod_id()) {
+    return absl::InvalidArgumentError(absl::StrCat("--append-eod: the tokenizer has no EOD token (",
+                                                   (*tokenizer)->Describe(), ")"));
+  }
+  EncodeOptions encode = (*tokenizer)->megatron_defaults();
+  if (options.eod_in_text_is_special) encode.allow_special = *options.eod_in_text_is_special;
+  if (!options.include_special_tokens) encode.add_special = false;
   const DType dtype = TokenDTypeForVocabSize((*tokenizer)->vocab_size());
 
   PreprocessStats stats;
@@ -299,7 +298,7 @@ absl::StatusOr<PreprocessStats> PreprocessData(const PreprocessOptions& options)
       splitter = *std::move(s);
     }
     encoders.push_back(
-        std::make_unique<DocumentEncoder>(options, **tokenizer, std::move(splitter)));
+        std::make_unique<DocumentEncoder>(options, **tokenizer, encode, std::move(splitter)));
   }
 
   Pipeline p;
