@@ -300,32 +300,36 @@ absl::StatusOr<Scheme> MakeScheme(const TokenizerOptions& o, const std::string& 
                                           " is for .tiktoken rank files; Megatron's JSON list "
                                           "takes v1 or v2"));
   }
-  const auto fixed = [&](std::vector<std::pair<std::string, int32_t>> specials, int32_t ranks,
+  // tiktoken's named encodings put their special tokens at fixed ids; a rank file of another size
+  // works as tiktoken.Encoding(mergeable_ranks=..., special_tokens=...) would, unless the ids
+  // collide.
+  const auto fixed = [&](std::vector<std::pair<std::string, int32_t>> specials,
                          const std::string& eod) -> absl::StatusOr<Scheme> {
-    if (num_ranks != ranks) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "the %s encoding has %d ranks but the file has %d", pattern_name, ranks, num_ranks));
-    }
     s.specials = std::move(specials);
     int32_t max_id = num_ranks - 1;
     for (const auto& [text, id] : s.specials) {
+      if (id < num_ranks) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "the %s special token %s has id %d, which the file's %d ranks already use",
+            pattern_name, text, id, num_ranks));
+      }
       max_id = std::max(max_id, id);
       if (text == eod) s.eod = id;
     }
     s.vocab_size = max_id + 1;
     return s;
   };
-  if (pattern_name == "gpt2") return fixed({{"<|endoftext|>", 50256}}, 50256, "<|endoftext|>");
+  if (pattern_name == "gpt2") return fixed({{"<|endoftext|>", 50256}}, "<|endoftext|>");
   if (pattern_name == "cl100k_base") {
     return fixed({{"<|endoftext|>", 100257},
                   {"<|fim_prefix|>", 100258},
                   {"<|fim_middle|>", 100259},
                   {"<|fim_suffix|>", 100260},
                   {"<|endofprompt|>", 100276}},
-                 100256, "<|endoftext|>");
+                 "<|endoftext|>");
   }
   if (pattern_name == "o200k_base") {
-    return fixed({{"<|endoftext|>", 199999}, {"<|endofprompt|>", 200018}}, 199998, "<|endoftext|>");
+    return fixed({{"<|endoftext|>", 199999}, {"<|endofprompt|>", 200018}}, "<|endoftext|>");
   }
   // Llama 3.1's tokenizer.py: 11 named tokens, then reserved ones, 256 in all after the ranks.
   std::vector<std::string> names = {"<|begin_of_text|>",
@@ -344,7 +348,7 @@ absl::StatusOr<Scheme> MakeScheme(const TokenizerOptions& o, const std::string& 
   std::vector<std::pair<std::string, int32_t>> specials;
   for (size_t i = 0; i < names.size(); ++i)
     specials.emplace_back(names[i], num_ranks + static_cast<int32_t>(i));
-  return fixed(std::move(specials), num_ranks, "<|end_of_text|>");
+  return fixed(std::move(specials), "<|end_of_text|>");
 }
 
 }  // namespace
