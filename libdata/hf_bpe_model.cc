@@ -79,6 +79,11 @@ absl::StatusOr<std::unique_ptr<HfBpeModel>> HfBpeModel::Create(
     max_id = std::max(max_id, id);
   }
   m->vocab_entries_ = by_string.size();
+  // Ids index arrays: refuse ids far sparser than any real vocabulary's.
+  if (max_id >= 2 * static_cast<int64_t>(by_string.size()) + 65536) {
+    return absl::InvalidArgumentError(
+        Cat("model.vocab: ids up to ", max_id, " for ", by_string.size(), " tokens"));
+  }
   m->strings_.resize(static_cast<size_t>(max_id + 1));
   m->has_string_.assign(static_cast<size_t>(max_id + 1), 0);
   for (const auto& [token, id] : vocab) {

@@ -368,8 +368,13 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTiktokenTokenizer(const Tokenizer
   if (o.model.empty()) return absl::InvalidArgumentError("TikTokenizer needs --tokenizer-model");
   absl::StatusOr<std::string> text = ReadFileToString(o.model);
   if (!text.ok()) return text.status();
-  const size_t first = text->find_first_not_of(" \t\r\n");
-  const bool json_file = first != std::string::npos && (*text)[first] == '[';
+  return TiktokenTokenizerFromText(*text, o);
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> TiktokenTokenizerFromText(std::string_view file_text,
+                                                                     const TokenizerOptions& o) {
+  const size_t first = file_text.find_first_not_of(" \t\r\n");
+  const bool json_file = first != std::string::npos && file_text[first] == '[';
   const std::string pattern_name =
       Canonical(o.tiktoken_pattern.empty() ? (json_file ? "v2" : "") : o.tiktoken_pattern);
   if (pattern_name.empty()) {
@@ -384,7 +389,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTiktokenTokenizer(const Tokenizer
   }
   absl::StatusOr<BpeVocab> vocab;
   if (json_file) {
-    absl::StatusOr<std::vector<std::string>> tokens = ReadMegatronJson(o.model, *text);
+    absl::StatusOr<std::vector<std::string>> tokens = ReadMegatronJson(o.model, file_text);
     if (!tokens.ok()) return tokens.status();
     // Megatron keeps the first vocab_size - num_special ranks.
     const int64_t vocab_size = o.vocab_size > 0 ? o.vocab_size : 131072;
@@ -394,7 +399,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTiktokenTokenizer(const Tokenizer
     if (!vocab.ok())
       return absl::InvalidArgumentError(Cat(o.model, ": ", vocab.status().message()));
   } else {
-    vocab = BpeVocab::FromTiktokenText(*text, o.model);
+    vocab = BpeVocab::FromTiktokenText(file_text, o.model);
   }
   if (!vocab.ok()) return vocab.status();
   absl::StatusOr<Scheme> scheme = MakeScheme(o, pattern_name, json_file, vocab->num_ranks());

@@ -25,6 +25,9 @@
 namespace leantron::data {
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTiktokenTokenizer(const TokenizerOptions& options);
+// The same from the rank file's contents (options.model names it in errors).
+absl::StatusOr<std::unique_ptr<Tokenizer>> TiktokenTokenizerFromText(
+    std::string_view text, const TokenizerOptions& options);
 
 // The regex of a named pattern (v1, v2, gpt2, cl100k_base, o200k_base, llama3), or "".
 std::string TiktokenPattern(std::string_view name);
