@@ -241,3 +241,26 @@ def test_malformed_files_are_clear_errors(trained, tmp_path):
     assert p.returncode == 2 and b"nosuchtoken" in p.stderr
     p = run_tool("tokenize", ["encode", *args_for(tmp_path / "missing.json")], b"x", check=False)
     assert p.returncode == 2 and b"missing.json" in p.stderr
+
+
+@pytest.mark.parametrize("ignore_merges", [False, True])
+def test_merges_rank_pairs_not_concatenations(tmp_path, ignore_merges):
+    # "abc" is a token but no merge makes it from "ab" + "c": HF's BPE gives [ab, c] (tiktoken's
+    # rule, ranking concatenated bytes, would give [abc]); with ignore_merges the whole piece is
+    # looked up first.
+    data = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+            "normalizer": None, "post_processor": None, "decoder": None,
+            "pre_tokenizer": {"type": "Split", "pattern": {"Regex": r"\S+"},
+                              "behavior": "Isolated", "invert": False},
+            "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                      "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                      "fuse_unk": False, "byte_fallback": False, "ignore_merges": ignore_merges,
+                      "vocab": {"a": 0, "b": 1, "c": 2, "ab": 3, "bc": 4, "abc": 5, " ": 6},
+                      "merges": ["a b", "b c", "a bc"]}}
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(data))
+    texts = ["abc", "abc bc abcabc", "cab", "x abc"]
+    tok = Tokenizer.from_file(str(path))
+    ours = encode_many(args_for(path), texts)
+    assert ours == [e.ids for e in tok.encode_batch(texts)]
+    assert ours[0] == ([5] if ignore_merges else [3, 2])
