@@ -103,6 +103,25 @@ void Gpt2Encoder::Encode(std::string_view text, bool allow_special, std::vector<
 }
 
 void Gpt2Encoder::EncodePiece(const uint8_t* p, size_t n, std::vector<int32_t>* out) {
+  if (n < kBpeCutThreshold) return EncodeSegment(p, n, out);
+  // Long pieces (CJK runs rarely recur whole) are cut where no merge can cross; the segments,
+  // often single words or characters, recur and are cached.
+  ForEachMergeSegment(vocab_, p, n, [&](const uint8_t* s, size_t len) {
+    if (len == n) return EncodeSegment(s, len, out);
+    const int32_t rank = vocab_.Rank(s, len);
+    if (rank >= 0) {
+      out->push_back(rank);
+    } else {
+      EncodeSegment(s, len, out);
+    }
+  });
+}
+
+void Gpt2Encoder::EncodeSegment(const uint8_t* p, size_t n, std::vector<int32_t>* out) {
+  if (n == 1) {
+    out->push_back(vocab_.ByteRank(p[0]));
+    return;
+  }
   if (n > options_.max_cached_piece) {
     BytePairEncode(vocab_, p, n, out);
     return;

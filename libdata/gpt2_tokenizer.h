@@ -74,6 +74,8 @@ class Gpt2Encoder {
  private:
   // A piece that is not a single token: cached merges, else byte-pair merging.
   void EncodePiece(const uint8_t* p, size_t n, std::vector<int32_t>* out);
+  // A segment no merge crosses out of: cached merges, else byte-pair merging.
+  void EncodeSegment(const uint8_t* p, size_t n, std::vector<int32_t>* out);
 
   const Gpt2Tokenizer& tokenizer_;
   const BpeVocab& vocab_;

@@ -144,6 +144,18 @@ absl::StatusOr<std::unique_ptr<HfBpeModel>> HfBpeModel::Create(
     const uint8_t byte = static_cast<uint8_t>(b);
     m->byte_symbol_id_[b] = m->table_.Find(&byte, 1);
   }
+  if (m->settings_.byte_level) {
+    m->can_cut_ = true;
+    for (int b = 0; b < 256; ++b) m->can_cut_ = m->can_cut_ && m->byte_symbol_id_[b] >= 0;
+    for (int32_t id = 0; id <= max_id; ++id) {
+      const std::string_view t = m->TokenBytes(id);
+      for (size_t i = 1; i < t.size(); ++i) {
+        const uint32_t k =
+            (uint32_t{static_cast<uint8_t>(t[i - 1])} << 8) | static_cast<uint8_t>(t[i]);
+        m->pair_in_token_[k >> 6] |= uint64_t{1} << (k & 63);
+      }
+    }
+  }
   m->self_encodes_ = std::make_unique<std::atomic<uint8_t>[]>(static_cast<size_t>(max_id + 1));
   for (int64_t id = 0; id <= max_id; ++id) m->self_encodes_[id].store(0, std::memory_order_relaxed);
   return m;
@@ -312,6 +324,27 @@ void HfBpeWorkspace::EncodePiece(const uint8_t* p, size_t n, std::vector<int32_t
     out->push_back(whole);
     return;
   }
+  if (n < 16 || !model_.CanCutPieces()) return EncodeSegment(p, n, out);
+  // Long pieces (CJK runs) are merged and cached segment by segment, cut where no merge crosses.
+  size_t start = 0;
+  const auto segment = [&](size_t end) {
+    const uint8_t* s = p + start;
+    const size_t len = end - start;
+    const int32_t id = len == n ? -1 : model_.Find(s, len);
+    if (id >= 0 && model_.SelfEncodes(id)) {
+      out->push_back(id);
+    } else {
+      EncodeSegment(s, len, out);
+    }
+    start = end;
+  };
+  for (size_t i = 1; i < n; ++i) {
+    if (!model_.PairInSomeToken(p[i - 1], p[i])) segment(i);
+  }
+  segment(n);
+}
+
+void HfBpeWorkspace::EncodeSegment(const uint8_t* p, size_t n, std::vector<int32_t>* out) {
   if (n > kMaxCachedPiece) {
     model_.MergeWord(p, n, out);
     return;

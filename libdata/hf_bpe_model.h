@@ -66,6 +66,13 @@ class HfBpeModel {
   // Whether MergeWord of token id's own bytes gives [id], so a piece equal to a token can skip
   // merging. Computed on first use, thread-safe.
   bool SelfEncodes(int32_t id) const;
+  // Byte-level models with all 256 bytes: whether pieces may be cut where no token holds the two
+  // bytes on either side (no merge can cross there, and no unknown symbol can be fused across).
+  bool CanCutPieces() const { return can_cut_; }
+  bool PairInSomeToken(uint8_t a, uint8_t b) const {
+    const uint32_t i = (uint32_t{a} << 8) | b;
+    return (pair_in_token_[i >> 6] >> (i & 63)) & 1;
+  }
 
  private:
   HfBpeModel() = default;
@@ -87,6 +94,8 @@ class HfBpeModel {
   int32_t byte_fallback_id_[256];  // id of "<0xXX>", or -1
   int32_t byte_symbol_id_[256];    // byte-level: id of the single byte, or -1
   mutable std::unique_ptr<std::atomic<uint8_t>[]> self_encodes_;  // 0 unknown, 1 yes, 2 no
+  bool can_cut_ = false;
+  uint64_t pair_in_token_[1024] = {};
 };
 
 // Per-thread encoding of pieces: whole-token fast path, a bounded cache of merged pieces, merging.
@@ -96,6 +105,7 @@ class HfBpeWorkspace {
   void EncodePiece(const uint8_t* p, size_t n, std::vector<int32_t>* out);
 
  private:
+  void EncodeSegment(const uint8_t* p, size_t n, std::vector<int32_t>* out);
   static constexpr size_t kMaxCachedPiece = 128;
   static constexpr size_t kMaxCacheEntries = 1 << 17;
   const HfBpeModel& model_;

@@ -74,14 +74,28 @@ void ApplyBehavior(SplitBehavior behavior, std::vector<Range>& ranges, Emit emit
 }
 
 bool IsWordChar(uint32_t cp) {
-  // Rust regex's Unicode \w: Alphabetic, marks, decimal numbers, connector punctuation,
-  // Join_Control.
+  // Rust regex's Unicode \w (Unicode 16.0): Alphabetic, marks, decimal numbers, connector
+  // punctuation, Join_Control. Alphabetic is the letters, letter numbers and Other_Alphabetic
+  // (ICU's property; its Unicode 15 gap holds only marks and letters, covered by the table).
   if (cp < 0x80) return std::isalnum(static_cast<int>(cp)) || cp == '_';
-  const int8_t t = u_charType(static_cast<UChar32>(cp));
-  return u_hasBinaryProperty(static_cast<UChar32>(cp), UCHAR_ALPHABETIC) ||
-         t == U_NON_SPACING_MARK || t == U_COMBINING_SPACING_MARK || t == U_ENCLOSING_MARK ||
-         t == U_DECIMAL_DIGIT_NUMBER || t == U_CONNECTOR_PUNCTUATION || cp == 0x200C ||
-         cp == 0x200D;
+  if (cp >= 0x110000) return false;
+  switch (GeneralCategoryTable()[cp]) {
+    case U_UPPERCASE_LETTER:
+    case U_LOWERCASE_LETTER:
+    case U_TITLECASE_LETTER:
+    case U_MODIFIER_LETTER:
+    case U_OTHER_LETTER:
+    case U_NON_SPACING_MARK:
+    case U_COMBINING_SPACING_MARK:
+    case U_ENCLOSING_MARK:
+    case U_DECIMAL_DIGIT_NUMBER:
+    case U_LETTER_NUMBER:
+    case U_CONNECTOR_PUNCTUATION:
+      return true;
+    default:
+      return cp == 0x200C || cp == 0x200D ||
+             u_hasBinaryProperty(static_cast<UChar32>(cp), UCHAR_ALPHABETIC);
+  }
 }
 
 // The last / first code point of valid UTF-8 text.
@@ -443,6 +457,19 @@ absl::Status HfEncoder::RunStep(size_t k, std::string_view piece, bool at_start)
   };
   switch (step.kind) {
     case HfPreTokenizer::Kind::kSplit: {
+      if (step_fast_[k] && !step.invert && step.behavior == SplitBehavior::kIsolated) {
+        // The common case (Llama 3, Qwen2): pieces straight from the state machine.
+        const auto* p = reinterpret_cast<const uint8_t*>(piece.data());
+        const uint8_t* end = p + piece.size();
+        for (const uint8_t* q = p; q < end;) {
+          const size_t n = step_fast_[k]->PieceLength(q, end);
+          if (absl::Status st = RunStep(k + 1, piece.substr(q - p, n), at_start && q == p);
+              !st.ok())
+            return st;
+          q += n;
+        }
+        return absl::OkStatus();
+      }
       if (absl::Status st = SplitRanges(k, piece, &ranges); !st.ok()) return st;
       ApplyBehavior(step.behavior, ranges, emit_from(piece));
       return status;
@@ -455,6 +482,17 @@ absl::Status HfEncoder::RunStep(size_t k, std::string_view piece, bool at_start)
         text = buffer;
       }
       if (!step.regex) return RunStep(k + 1, text, at_start);
+      if (step_fast_[k]) {
+        const auto* p = reinterpret_cast<const uint8_t*>(text.data());
+        const uint8_t* end = p + text.size();
+        for (const uint8_t* q = p; q < end;) {
+          const size_t n = step_fast_[k]->PieceLength(q, end);
+          if (absl::Status st = RunStep(k + 1, text.substr(q - p, n), at_start && q == p); !st.ok())
+            return st;
+          q += n;
+        }
+        return absl::OkStatus();
+      }
       if (absl::Status st = SplitRanges(k, text, &ranges); !st.ok()) return st;
       ApplyBehavior(SplitBehavior::kIsolated, ranges, emit_from(text));
       return status;

@@ -92,6 +92,7 @@ class TiktokenEncoder : public TextEncoder {
  private:
   absl::Status EncodeOrdinary(std::string_view text, std::vector<int32_t>* out);
   void EncodePiece(const uint8_t* p, size_t n, std::vector<int32_t>* out);
+  void EncodeSegment(const uint8_t* p, size_t n, std::vector<int32_t>* out);
 
   const TiktokenTokenizer& t_;
   const EncodeOptions options_;
@@ -179,10 +180,27 @@ TiktokenEncoder::TiktokenEncoder(const TiktokenTokenizer& t, const EncodeOptions
 
 void TiktokenEncoder::EncodePiece(const uint8_t* p, size_t n, std::vector<int32_t>* out) {
   const BpeVocab& vocab = t_.vocab();
-  const int32_t offset = t_.scheme().rank_offset;
   const int32_t rank = vocab.Rank(p, n);
   if (rank >= 0) {
-    out->push_back(rank + offset);
+    out->push_back(rank + t_.scheme().rank_offset);
+    return;
+  }
+  if (n < kBpeCutThreshold) return EncodeSegment(p, n, out);
+  // As Gpt2Encoder: long pieces are merged (and cached) segment by segment.
+  ForEachMergeSegment(vocab, p, n, [&](const uint8_t* s, size_t len) {
+    const int32_t r = len == n ? -1 : vocab.Rank(s, len);
+    if (r >= 0) {
+      out->push_back(r + t_.scheme().rank_offset);
+    } else {
+      EncodeSegment(s, len, out);
+    }
+  });
+}
+
+void TiktokenEncoder::EncodeSegment(const uint8_t* p, size_t n, std::vector<int32_t>* out) {
+  const int32_t offset = t_.scheme().rank_offset;
+  if (n == 1) {
+    out->push_back(t_.vocab().ByteRank(p[0]) + offset);
     return;
   }
   const bool cacheable = n <= 128;
@@ -194,7 +212,7 @@ void TiktokenEncoder::EncodePiece(const uint8_t* p, size_t n, std::vector<int32_
     }
   }
   scratch_.clear();
-  BytePairEncode(vocab, p, n, &scratch_);
+  BytePairEncode(t_.vocab(), p, n, &scratch_);
   for (int32_t& id : scratch_) id += offset;
   out->insert(out->end(), scratch_.begin(), scratch_.end());
   if (cacheable) {
