@@ -86,6 +86,7 @@ std::pair<std::string_view, size_t> SentencePieceNormalizer::NormalizePrefix(
 void SentencePieceNormalizer::Normalize(std::string_view input, std::string* out) const {
   out->clear();
   if (input.empty()) return;
+  if (trie_.empty() && user_defined_ == nullptr) return NormalizeIdentity(input, out);
   if (spec_.remove_extra_whitespaces) {  // leading white space
     while (!input.empty()) {
       const auto [piece, consumed] = NormalizePrefix(input);
@@ -114,6 +115,55 @@ void SentencePieceNormalizer::Normalize(std::string_view input, std::string* out
     if (!spec_.remove_extra_whitespaces) is_prev_space = false;
   }
   if (spec_.remove_extra_whitespaces) {  // trailing white space
+    while (out->size() >= space.size() &&
+           std::string_view(*out).substr(out->size() - space.size()) == space) {
+      out->resize(out->size() - space.size());
+    }
+  }
+  if (treat_whitespace_as_suffix_ && spec_.add_dummy_prefix) out->append(space);
+}
+
+void SentencePieceNormalizer::NormalizeIdentity(std::string_view input, std::string* out) const {
+  // Normalize() without rules (identity, as Llama 2's model): each character stands for itself,
+  // so the loop works on bytes instead of asking NormalizePrefix per character.
+  const auto* p = reinterpret_cast<const uint8_t*>(input.data());
+  const uint8_t* end = p + input.size();
+  const bool collapse = spec_.remove_extra_whitespaces;
+  if (collapse) {
+    while (p < end && *p == ' ') ++p;
+  }
+  if (p == end) return;
+  const std::string_view space = spec_.escape_whitespaces ? kSpaceSymbol : " ";
+  out->reserve(input.size() + input.size() / 4 + 8);
+  if (!treat_whitespace_as_suffix_ && spec_.add_dummy_prefix) out->append(space);
+  bool is_prev_space = collapse;
+  while (p < end) {
+    const uint8_t* q = p;
+    while (q < end && *q < 0x80 && *q != ' ') ++q;  // a run of ASCII other than space
+    if (q > p) {
+      out->append(reinterpret_cast<const char*>(p), q - p);
+      is_prev_space = false;
+      p = q;
+      continue;
+    }
+    if (*p == ' ') {
+      if (!is_prev_space) out->append(space);
+      is_prev_space = collapse;
+      ++p;
+      continue;
+    }
+    uint32_t cp;
+    const int len = DecodeUtf8(p, end, &cp);
+    if (len == 0) {
+      out->append(kReplacement);
+      ++p;
+    } else {
+      out->append(reinterpret_cast<const char*>(p), len);
+      p += len;
+    }
+    is_prev_space = false;
+  }
+  if (collapse) {
     while (out->size() >= space.size() &&
            std::string_view(*out).substr(out->size() - space.size()) == space) {
       out->resize(out->size() - space.size());

@@ -85,8 +85,14 @@ class SpTokenizer : public Tokenizer {
   TokenTable reserved_;  // CONTROL, UNKNOWN, BYTE
   int32_t unk_id_ = -1;
   int32_t byte_ids_[256] = {};
-  bool split_words_ = false;
-  std::string space_;
+  // Text can be cut where no piece holds the bytes on both sides (no merge crosses there), unless
+  // the model has UNUSED pieces (their split-back depends on the whole text's merge history).
+  bool can_cut_ = false;
+  uint64_t pair_in_piece_[1024] = {};
+  bool PairInSomePiece(uint8_t a, uint8_t b) const {
+    const uint32_t i = (uint32_t{a} << 8) | b;
+    return (pair_in_piece_[i >> 6] >> (i & 63)) & 1;
+  }
   std::optional<int32_t> eos_;
 };
 
@@ -145,18 +151,16 @@ absl::StatusOr<std::unique_ptr<SpTokenizer>> SpTokenizer::Create(SentencePieceMo
       model.normalizer, model.treat_whitespace_as_suffix, t->user_defined_.get());
   if (!normalizer.ok()) return error(std::string(normalizer.status().message()));
   t->normalizer_.emplace(*std::move(normalizer));
-  // Words can be merged one at a time when no piece holds the word boundary inside.
-  t->space_ = model.normalizer.escape_whitespaces ? std::string(kSpaceSymbol) : " ";
-  t->split_words_ = true;
+  t->can_cut_ = true;
   for (const auto& p : model.pieces) {
+    if (p.type == PieceType::kUnused) t->can_cut_ = false;
     if (p.type != PieceType::kNormal && p.type != PieceType::kUserDefined &&
         p.type != PieceType::kUnused)
       continue;
-    const size_t at = p.piece.find(t->space_, model.treat_whitespace_as_suffix ? 0 : 1);
-    if (at != std::string::npos &&
-        !(model.treat_whitespace_as_suffix && at + t->space_.size() == p.piece.size())) {
-      t->split_words_ = false;
-      break;
+    for (size_t i = 1; i < p.piece.size(); ++i) {
+      const uint32_t k =
+          (uint32_t{static_cast<uint8_t>(p.piece[i - 1])} << 8) | static_cast<uint8_t>(p.piece[i]);
+      t->pair_in_piece_[k >> 6] |= uint64_t{1} << (k & 63);
     }
   }
   const int32_t eos = t->PieceToId(model.eos_piece);
@@ -330,39 +334,42 @@ absl::Status SpEncoder::Encode(std::string_view text, std::vector<int32_t>* out)
   t_.normalizer_->Normalize(text, &normalized_);
   prev_unk_ = false;
   const std::string_view norm = normalized_;
-  if (!t_.split_words_) {
+  if (!t_.can_cut_) {
     word_ids_.clear();
     EncodeWord(norm, &word_ids_);
     Emit(word_ids_, out);
     return absl::OkStatus();
   }
-  const std::string& space = t_.space_;
-  const bool suffix = t_.model_.treat_whitespace_as_suffix;
-  size_t start = 0;
-  while (start < norm.size()) {
-    size_t end;
-    if (suffix) {
-      const size_t at = norm.find(space, start);
-      end = at == std::string_view::npos ? norm.size() : at + space.size();
-    } else {
-      const size_t at = norm.find(space, start + 1);
-      end = at == std::string_view::npos ? norm.size() : at;
-    }
-    const std::string_view word = norm.substr(start, end - start);
+  // Cut between symbols (characters, user-defined symbols) where no piece holds the two bytes
+  // around the cut: usually before each U+2581 that follows a non-space. The segments (words)
+  // merge on their own, exactly as inside the whole text, and recur, so they are cached.
+  const auto segment = [&](std::string_view word) {
     const absl::string_view key(word.data(), word.size());
     if (auto it = cache_.find(key); it != cache_.end()) {
       Emit(it->second, out);
-    } else {
-      word_ids_.clear();
-      EncodeWord(word, &word_ids_);
-      Emit(word_ids_, out);
-      if (word.size() <= 256) {
-        if (cache_.size() >= (1 << 17)) cache_.clear();
-        cache_.emplace(key, word_ids_);
-      }
+      return;
     }
-    start = end;
+    word_ids_.clear();
+    EncodeWord(word, &word_ids_);
+    Emit(word_ids_, out);
+    if (word.size() <= 256) {
+      if (cache_.size() >= (1 << 17)) cache_.clear();
+      cache_.emplace(key, word_ids_);
+    }
+  };
+  const auto* p = reinterpret_cast<const uint8_t*>(norm.data());
+  size_t start = 0;
+  for (size_t pos = 0; pos < norm.size();) {
+    if (pos > start && !t_.PairInSomePiece(p[pos - 1], p[pos])) {
+      segment(norm.substr(start, pos - start));
+      start = pos;
+    }
+    const std::string_view rest = norm.substr(pos);
+    size_t n = t_.user_defined_->LongestPrefix(rest);
+    if (n == 0) n = std::min(rest.size(), OneCharLen(p[pos]));
+    pos += n;
   }
+  if (start < norm.size()) segment(norm.substr(start));
   return absl::OkStatus();
 }
 

@@ -151,3 +151,75 @@ def test_unigram_and_broken_models_are_refused(corpora, models, tmp_path):
     (tmp_path / "cut.model").write_bytes(data[: len(data) // 2])
     p = run_tool("tokenize", ["encode", *args_for(tmp_path / "cut.model")], b"x", check=False)
     assert p.returncode == 2 and b"cut.model" in p.stderr and b"SentencePiece" in p.stderr
+
+
+def _varint(data, i):
+    v = shift = 0
+    while True:
+        b = data[i]
+        i += 1
+        v |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            return v, i
+
+
+def _encode_varint(v):
+    out = bytearray()
+    while True:
+        b = v & 0x7F
+        v >>= 7
+        out.append(b | (0x80 if v else 0))
+        if not v:
+            return bytes(out)
+
+
+def mark_unused(model_bytes, ids):
+    """Rewrites ModelProto so that the pieces `ids` have type UNUSED (5): a plain protobuf edit
+    (field 1 = pieces; inside, field 3 = type), as no trainer option makes such pieces."""
+    out, i, index = bytearray(), 0, 0
+    while i < len(model_bytes):
+        key, j = _varint(model_bytes, i)
+        if key & 7 != 2:
+            raise AssertionError("unexpected wire type at top level")
+        n, k = _varint(model_bytes, j)
+        body = model_bytes[k:k + n]
+        if key >> 3 == 1:
+            if index in ids:
+                piece, p = bytearray(), 0
+                while p < len(body):  # drop any type field, then append type = UNUSED
+                    f, q = _varint(body, p)
+                    if f & 7 == 0:
+                        _, r = _varint(body, q)
+                    elif f & 7 == 5:
+                        r = q + 4
+                    else:
+                        m, q = _varint(body, q)
+                        r = q + m
+                    if f >> 3 != 3:
+                        piece += body[p:r]
+                    p = r
+                body = bytes(piece) + bytes([3 << 3 | 0, 5])
+            index += 1
+        out += _encode_varint(key) + _encode_varint(len(body)) + body
+        i = k + n
+    return bytes(out)
+
+
+def test_unused_pieces_are_split_back_as_sentencepiece_does(models, corpora, tmp_path):
+    # UNUSED pieces take part in merging but are split back into their parts; a model with them
+    # is merged as one text (no cutting) so the split-back sees the whole merge history.
+    _, test = corpora
+    sp = spm.SentencePieceProcessor(model_file=str(models["nmt_nfkc"]))
+    multi = [i for i in range(sp.get_piece_size())
+             if not sp.is_control(i) and not sp.is_unknown(i) and not sp.is_byte(i)
+             and len(sp.id_to_piece(i)) > 2][:40]
+    path = tmp_path / "unused.model"
+    path.write_bytes(mark_unused(models["nmt_nfkc"].read_bytes(), set(multi)))
+    ref_sp = spm.SentencePieceProcessor(model_file=str(path))
+    assert all(ref_sp.is_unused(i) for i in multi)
+    texts = test[:60] + random_texts(seed=9, count=300) + EXTRA
+    ref = [ref_sp.encode_as_ids(t) for t in texts]
+    assert not any(i in multi for ids in ref for i in ids)
+    ours = encode_many(args_for(path), texts)
+    assert first_difference(ours, ref, texts) is None
