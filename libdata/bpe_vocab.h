@@ -101,8 +101,11 @@ class BpeVocab {
 
 inline int32_t BpeVocab::Rank(const uint8_t* p, size_t n) const {
   if (n >= 8) return RankPadded(p, n);
-  uint8_t padded[8] = {};
-  for (size_t i = 0; i < n; ++i) padded[i] = p[i];
+  // Built with shifts: a byte-copy loop would become a call to memcpy.
+  uint64_t head = 0;
+  for (size_t i = 0; i < n; ++i) head |= uint64_t{p[i]} << (8 * i);
+  uint8_t padded[8];
+  std::memcpy(padded, &head, 8);
   return RankPadded(padded, n);
 }
 

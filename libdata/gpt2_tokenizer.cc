@@ -71,7 +71,10 @@ absl::Status Gpt2Tokenizer::Decode(absl::Span<const int32_t> ids, std::string* o
 }
 
 Gpt2Encoder::Gpt2Encoder(const Gpt2Tokenizer& tokenizer, Options options)
-    : tokenizer_(tokenizer), vocab_(tokenizer.vocab()), options_(options) {}
+    : tokenizer_(tokenizer),
+      vocab_(tokenizer.vocab()),
+      options_(options),
+      cache_(options.max_cache_entries) {}
 
 void Gpt2Encoder::EncodeOrdinary(std::string_view text, std::vector<int32_t>* out) {
   static const Pretokenizer pretokenizer;
@@ -126,16 +129,10 @@ void Gpt2Encoder::EncodeSegment(const uint8_t* p, size_t n, std::vector<int32_t>
     BytePairEncode(vocab_, p, n, out);
     return;
   }
-  const absl::string_view key(reinterpret_cast<const char*>(p), n);
-  if (auto it = cache_.find(key); it != cache_.end()) {
-    out->insert(out->end(), it->second.begin(), it->second.end());
-    return;
-  }
-  scratch_.clear();
-  BytePairEncode(vocab_, p, n, &scratch_);
-  out->insert(out->end(), scratch_.begin(), scratch_.end());
-  if (cache_.size() >= options_.max_cache_entries) cache_.clear();
-  cache_.emplace(key, scratch_);
+  if (cache_.Lookup(p, n, out)) return;
+  const size_t before = out->size();
+  BytePairEncode(vocab_, p, n, out);
+  cache_.Insert(p, n, out->data() + before, out->size() - before);
 }
 
 }  // namespace leantron::data

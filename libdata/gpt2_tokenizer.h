@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "libdata/bpe_vocab.h"
+#include "libdata/piece_cache.h"
 
 namespace leantron::data {
 
@@ -81,7 +82,7 @@ class Gpt2Encoder {
   const BpeVocab& vocab_;
   const Options options_;
   // Piece bytes -> ids, for pieces that are not a single token. Bounded; cleared when full.
-  absl::flat_hash_map<std::string, std::vector<int32_t>> cache_;
+  PieceCache cache_;
   std::vector<int32_t> scratch_;
 };
 

@@ -5,8 +5,8 @@ namespace leantron::data {
 uint64_t TokenTable::Hash(const uint8_t* p, size_t n) {
   // The first 8 bytes, the last 8 and the length tell almost all tokens apart; longer keys are
   // compared in full on a hit anyway.
-  uint64_t head = 0, tail = 0;
-  std::memcpy(&head, p, n < 8 ? n : 8);
+  const uint64_t head = Head(p, n);
+  uint64_t tail = 0;
   if (n > 8) std::memcpy(&tail, p + n - 8, 8);
   uint64_t x = head ^ (tail * 0xC2B2AE3D27D4EB4Full) ^ (n * 0x165667B19E3779F9ull);
   x ^= x >> 32;

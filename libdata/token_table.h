@@ -40,7 +40,11 @@ class TokenTable {
   };
   static uint64_t Head(const uint8_t* p, size_t n) {
     uint64_t h = 0;
-    std::memcpy(&h, p, n < 8 ? n : 8);
+    if (n >= 8) {
+      std::memcpy(&h, p, 8);
+    } else {
+      for (size_t i = 0; i < n; ++i) h |= uint64_t{p[i]} << (8 * i);
+    }
     return h;
   }
   static uint64_t Hash(const uint8_t* p, size_t n);
