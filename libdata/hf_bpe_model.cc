@@ -249,42 +249,51 @@ void HfBpeModel::MergeScan(std::vector<int32_t>* ids) const {
 }
 
 void HfBpeModel::MergeHeap(std::vector<int32_t>* ids) const {
-  // Symbols keep their original positions: next/prev link the live ones. Heap entries (rank,
-  // position) go stale when a symbol changes; a popped entry is used only when its position is
-  // alive and its pair still has that rank (a rank names one pair).
+  // Symbols keep their original positions: next/prev link the live ones. A heap entry holds the
+  // pair's rank and merged id and the versions of both symbols when it was pushed; a symbol's
+  // version changes whenever it changes, so a popped entry is current exactly when both versions
+  // still match (no second lookup). Order: lowest rank, then leftmost position, as HF.
+  struct Entry {
+    uint64_t key;  // rank << 32 | position
+    int32_t merged;
+    uint32_t left_version, right_version;
+  };
   const size_t n = ids->size();
   int32_t* id = ids->data();
-  std::vector<uint32_t> next(n), prev(n);
-  std::vector<uint8_t> alive(n, 1);
-  std::vector<uint64_t> heap;
+  thread_local std::vector<uint32_t> next, prev, version;
+  thread_local std::vector<Entry> heap;
+  next.resize(n);
+  prev.resize(n);
+  version.assign(n, 0);
+  heap.clear();
   for (size_t i = 0; i < n; ++i) {
     next[i] = static_cast<uint32_t>(i + 1);
-    prev[i] = static_cast<uint32_t>(i == 0 ? 0 : i - 1);
+    prev[i] = static_cast<uint32_t>(i == 0 ? n : i - 1);
   }
-  const auto later = std::greater<uint64_t>();
+  const auto later = [](const Entry& a, const Entry& b) { return a.key > b.key; };
   const auto push = [&](uint32_t i) {
-    if (next[i] >= n) return;
-    const PairTable::Merge m = merges_.Find(id[i], id[next[i]]);
+    const uint32_t j = next[i];
+    if (j >= n) return;
+    const PairTable::Merge m = merges_.Find(id[i], id[j]);
     if (m.rank == kNone) return;
-    heap.push_back((uint64_t{static_cast<uint32_t>(m.rank)} << 32) | i);
+    heap.push_back(
+        {(uint64_t{static_cast<uint32_t>(m.rank)} << 32) | i, m.merged, version[i], version[j]});
     std::push_heap(heap.begin(), heap.end(), later);
   };
   for (size_t i = 0; i + 1 < n; ++i) push(static_cast<uint32_t>(i));
   while (!heap.empty()) {
     std::pop_heap(heap.begin(), heap.end(), later);
-    const uint64_t e = heap.back();
+    const Entry e = heap.back();
     heap.pop_back();
-    const auto i = static_cast<uint32_t>(e & 0xFFFFFFFFu);
-    const auto rank = static_cast<int32_t>(e >> 32);
-    if (!alive[i] || next[i] >= n) continue;
-    const PairTable::Merge m = merges_.Find(id[i], id[next[i]]);
-    if (m.rank != rank) continue;
+    const auto i = static_cast<uint32_t>(e.key & 0xFFFFFFFFu);
     const uint32_t j = next[i];
-    id[i] = m.merged;
-    alive[j] = 0;
+    if (j >= n || version[i] != e.left_version || version[j] != e.right_version) continue;
+    id[i] = e.merged;
+    ++version[i];
+    version[j] = UINT32_MAX;  // dead: never matches an entry again
     next[i] = next[j];
     if (next[j] < n) prev[next[j]] = i;
-    if (i > 0 && alive[prev[i]] && prev[i] != i) push(prev[i]);
+    if (prev[i] < n) push(prev[i]);
     push(i);
   }
   size_t w = 0;
@@ -349,16 +358,10 @@ void HfBpeWorkspace::EncodeSegment(const uint8_t* p, size_t n, std::vector<int32
     model_.MergeWord(p, n, out);
     return;
   }
-  const absl::string_view key(reinterpret_cast<const char*>(p), n);
-  if (auto it = cache_.find(key); it != cache_.end()) {
-    out->insert(out->end(), it->second.begin(), it->second.end());
-    return;
-  }
-  scratch_.clear();
-  model_.MergeWord(p, n, &scratch_);
-  out->insert(out->end(), scratch_.begin(), scratch_.end());
-  if (cache_.size() >= kMaxCacheEntries) cache_.clear();
-  cache_.emplace(key, scratch_);
+  if (cache_.Lookup(p, n, out)) return;
+  const size_t before = out->size();
+  model_.MergeWord(p, n, out);
+  cache_.Insert(p, n, out->data() + before, out->size() - before);
 }
 
 }  // namespace leantron::data

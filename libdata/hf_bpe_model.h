@@ -22,6 +22,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "libdata/piece_cache.h"
 #include "libdata/token_table.h"
 
 namespace leantron::data {
@@ -109,8 +110,7 @@ class HfBpeWorkspace {
   static constexpr size_t kMaxCachedPiece = 128;
   static constexpr size_t kMaxCacheEntries = 1 << 17;
   const HfBpeModel& model_;
-  absl::flat_hash_map<std::string, std::vector<int32_t>> cache_;
-  std::vector<int32_t> scratch_;
+  PieceCache cache_{kMaxCacheEntries};
 };
 
 // GPT-2's byte <-> printable character map, as HF's ByteLevel uses it: the code point standing
