@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "libdata/added_tokens.h"
 #include "libdata/file_util.h"
+#include "libdata/piece_cache.h"
 #include "libdata/sentencepiece_model.h"
 #include "libdata/sentencepiece_normalizer.h"
 #include "libdata/string_compat.h"
@@ -38,12 +39,13 @@ class SpEncoder : public TextEncoder {
   const SpTokenizer& t_;
   std::string normalized_;
   bool prev_unk_ = false;
-  absl::flat_hash_map<std::string, std::vector<int32_t>> cache_;
+  PieceCache cache_;
   std::vector<int32_t> word_ids_;
   // Merge workspace.
   struct Symbol {
     uint32_t start, len;
     int32_t prev, next;
+    int32_t id;  // the piece this symbol is, or -1 (an unknown character)
     bool freeze;
   };
   std::vector<Symbol> symbols_;
@@ -83,6 +85,9 @@ class SpTokenizer : public Tokenizer {
   std::optional<SentencePieceNormalizer> normalizer_;
   TokenTable pieces_;    // NORMAL, USER_DEFINED, UNUSED
   TokenTable reserved_;  // CONTROL, UNKNOWN, BYTE
+  // (left piece, right piece) -> the piece of their concatenation, for every split of every
+  // piece into two pieces: merge candidates without hashing strings.
+  PairTable merges_;
   int32_t unk_id_ = -1;
   int32_t byte_ids_[256] = {};
   // Text can be cut where no piece holds the bytes on both sides (no merge crosses there), unless
@@ -151,6 +156,19 @@ absl::StatusOr<std::unique_ptr<SpTokenizer>> SpTokenizer::Create(SentencePieceMo
       model.normalizer, model.treat_whitespace_as_suffix, t->user_defined_.get());
   if (!normalizer.ok()) return error(std::string(normalizer.status().message()));
   t->normalizer_.emplace(*std::move(normalizer));
+  for (size_t i = 0; i < model.pieces.size(); ++i) {
+    const auto& p = model.pieces[i];
+    if (p.type != PieceType::kNormal && p.type != PieceType::kUserDefined &&
+        p.type != PieceType::kUnused)
+      continue;
+    const std::string_view s = p.piece;
+    for (size_t k = 1; k < s.size(); ++k) {
+      if ((static_cast<uint8_t>(s[k]) & 0xC0) == 0x80) continue;  // split between characters
+      const int32_t left = t->pieces_.Find(s.substr(0, k));
+      const int32_t right = left < 0 ? -1 : t->pieces_.Find(s.substr(k));
+      if (right >= 0) t->merges_.Set(left, right, {0, static_cast<int32_t>(i)});
+    }
+  }
   t->can_cut_ = true;
   for (const auto& p : model.pieces) {
     if (p.type == PieceType::kUnused) t->can_cut_ = false;
@@ -274,7 +292,8 @@ void SpEncoder::EncodeWord(std::string_view word, std::vector<int32_t>* ids) {
     if (!freeze) n = std::min(rest.size(), OneCharLen(static_cast<uint8_t>(rest[0])));
     const int32_t index = static_cast<int32_t>(symbols_.size());
     symbols_.push_back({static_cast<uint32_t>(pos), static_cast<uint32_t>(n), index - 1,
-                        pos + n < word.size() ? index + 1 : -1, freeze});
+                        pos + n < word.size() ? index + 1 : -1, t_.pieces_.Find(rest.substr(0, n)),
+                        freeze});
     pos += n;
   }
   // sentencepiece's agenda: the highest score first, the leftmost on ties; an entry is stale
@@ -283,6 +302,7 @@ void SpEncoder::EncodeWord(std::string_view word, std::vector<int32_t>* ids) {
     float score;
     int32_t left, right;
     uint32_t size;
+    int32_t id;  // the merged piece
   };
   const auto worse = [](const Pair& a, const Pair& b) {
     return a.score < b.score || (a.score == b.score && a.left > b.left);
@@ -292,9 +312,12 @@ void SpEncoder::EncodeWord(std::string_view word, std::vector<int32_t>* ids) {
     if (left < 0 || right < 0 || symbols_[left].freeze || symbols_[right].freeze) return;
     const uint32_t size = symbols_[left].len + symbols_[right].len;
     const std::string_view piece = word.substr(symbols_[left].start, size);
-    const int32_t id = t_.pieces_.Find(piece);
+    // Pairs of pieces come from a table of ids; only unknown characters need the string.
+    const int32_t id = symbols_[left].id >= 0 && symbols_[right].id >= 0
+                           ? t_.merges_.Find(symbols_[left].id, symbols_[right].id).merged
+                           : t_.pieces_.Find(piece);
     if (id < 0) return;
-    agenda.push({t_.model_.pieces[id].score, left, right, size});
+    agenda.push({t_.model_.pieces[id].score, left, right, size, id});
     if (t_.model_.pieces[id].type == PieceType::kUnused) {
       rev_merge_[absl::string_view(piece.data(), piece.size())] = {
           std::string(word.substr(symbols_[left].start, symbols_[left].len)),
@@ -310,6 +333,7 @@ void SpEncoder::EncodeWord(std::string_view word, std::vector<int32_t>* ids) {
     Symbol& r = symbols_[top.right];
     if (l.len == 0 || r.len == 0 || l.len + r.len != top.size) continue;
     l.len += r.len;
+    l.id = top.id;
     l.next = r.next;
     if (r.next >= 0) symbols_[r.next].prev = top.left;
     r.len = 0;
@@ -344,18 +368,13 @@ absl::Status SpEncoder::Encode(std::string_view text, std::vector<int32_t>* out)
   // around the cut: usually before each U+2581 that follows a non-space. The segments (words)
   // merge on their own, exactly as inside the whole text, and recur, so they are cached.
   const auto segment = [&](std::string_view word) {
-    const absl::string_view key(word.data(), word.size());
-    if (auto it = cache_.find(key); it != cache_.end()) {
-      Emit(it->second, out);
-      return;
-    }
+    const auto* w = reinterpret_cast<const uint8_t*>(word.data());
     word_ids_.clear();
-    EncodeWord(word, &word_ids_);
-    Emit(word_ids_, out);
-    if (word.size() <= 256) {
-      if (cache_.size() >= (1 << 17)) cache_.clear();
-      cache_.emplace(key, word_ids_);
+    if (!cache_.Lookup(w, word.size(), &word_ids_)) {
+      EncodeWord(word, &word_ids_);
+      if (word.size() <= 256) cache_.Insert(w, word.size(), word_ids_.data(), word_ids_.size());
     }
+    Emit(word_ids_, out);
   };
   const auto* p = reinterpret_cast<const uint8_t*>(norm.data());
   size_t start = 0;
