@@ -9,6 +9,7 @@
 #include "CLI/CLI.hpp"
 #include "libckpt/inspect.h"
 #include "libdata/dataset_inspect.h"
+#include "libdata/tokenizer_flags.h"
 
 namespace {
 
@@ -36,9 +37,7 @@ int main(int argc, char** argv) {
                    "Dataset prefix, or a Megatron --data-path blend: W1 PREFIX1 W2 PREFIX2 ...")
       ->required();
   dataset_cmd->add_option("--document", document, "Print (and decode) document K");
-  dataset_cmd->add_option("--vocab-file", dataset.vocab.vocab_file, "GPT-2 encoder.json");
-  dataset_cmd->add_option("--merge-file", dataset.vocab.merge_file, "GPT-2 vocab.bpe");
-  dataset_cmd->add_option("--tiktoken-file", dataset.vocab.tiktoken_file, "gpt2.tiktoken");
+  leantron::data::AddTokenizerFlags(dataset_cmd, &dataset.tokenizer);
   dataset_cmd->add_option("--sample", sample, "Print (and decode) GPT sample K of --split-name");
   dataset_cmd->add_option("--seq-length", dataset.gpt.seq_length, "Megatron --seq-length")
       ->capture_default_str();
@@ -71,7 +70,8 @@ int main(int argc, char** argv) {
   if (checkpoint_cmd->parsed()) {
     std::optional<int64_t> iteration;
     if (checkpoint_iteration >= 0) iteration = checkpoint_iteration;
-    if (absl::Status s = leantron::ckpt::PrintCheckpointSummary(checkpoint_dir, iteration, std::cout);
+    if (absl::Status s =
+            leantron::ckpt::PrintCheckpointSummary(checkpoint_dir, iteration, std::cout);
         !s.ok())
       return Fail(s);
     return 0;
