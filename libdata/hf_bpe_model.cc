@@ -14,8 +14,8 @@ namespace leantron::data {
 namespace {
 
 constexpr int32_t kNone = INT32_MAX;
-// Pieces with at least this many initial symbols merge with a heap instead of array scans.
-constexpr size_t kHeapThreshold = 64;
+// Pieces with at least this many initial symbols merge with a tournament tree instead of scans.
+constexpr size_t kHeapThreshold = 16;
 // Largest id accepted in a vocabulary (ids index arrays).
 constexpr int64_t kMaxId = (int64_t{1} << 24) - 1;
 
@@ -115,7 +115,8 @@ absl::StatusOr<std::unique_ptr<HfBpeModel>> HfBpeModel::Create(
   }
   // Merges: (left id, right id) -> (rank, id of left+right); a repeated pair keeps the last rank.
   for (size_t rank = 0; rank < merges.size(); ++rank) {
-    const auto& [left, right] = merges[rank];
+    const std::string& left = merges[rank].first;
+    const std::string& right = merges[rank].second;
     const auto a = by_string.find(left);
     const auto b = by_string.find(right);
     const auto c = by_string.find(left + right);
@@ -249,52 +250,54 @@ void HfBpeModel::MergeScan(std::vector<int32_t>* ids) const {
 }
 
 void HfBpeModel::MergeHeap(std::vector<int32_t>* ids) const {
-  // Symbols keep their original positions: next/prev link the live ones. A heap entry holds the
-  // pair's rank and merged id and the versions of both symbols when it was pushed; a symbol's
-  // version changes whenever it changes, so a popped entry is current exactly when both versions
-  // still match (no second lookup). Order: lowest rank, then leftmost position, as HF.
-  struct Entry {
-    uint64_t key;  // rank << 32 | position
-    int32_t merged;
-    uint32_t left_version, right_version;
-  };
+  // A tournament tree over the pair positions: each leaf holds (rank << 32 | position) of the
+  // pair starting at a live symbol, each inner node the minimum of its children, so the root is
+  // always the lowest rank, leftmost on ties (HF's order). A merge updates three leaves, each in
+  // O(log n): the merged pair's, the one before it and the removed symbol's.
   const size_t n = ids->size();
   int32_t* id = ids->data();
-  thread_local std::vector<uint32_t> next, prev, version;
-  thread_local std::vector<Entry> heap;
+  thread_local std::vector<uint32_t> next, prev;
+  thread_local std::vector<int32_t> merged;
+  thread_local std::vector<uint64_t> tree;
+  constexpr uint64_t kEmpty = ~uint64_t{0};
+  size_t leaves = 1;
+  while (leaves < n) leaves <<= 1;
   next.resize(n);
   prev.resize(n);
-  version.assign(n, 0);
-  heap.clear();
+  merged.resize(n);
+  tree.assign(2 * leaves, kEmpty);
   for (size_t i = 0; i < n; ++i) {
     next[i] = static_cast<uint32_t>(i + 1);
     prev[i] = static_cast<uint32_t>(i == 0 ? n : i - 1);
   }
-  const auto later = [](const Entry& a, const Entry& b) { return a.key > b.key; };
-  const auto push = [&](uint32_t i) {
+  const auto leaf = [&](uint32_t i) -> uint64_t {
     const uint32_t j = next[i];
-    if (j >= n) return;
+    if (j >= n) return kEmpty;
     const PairTable::Merge m = merges_.Find(id[i], id[j]);
-    if (m.rank == kNone) return;
-    heap.push_back(
-        {(uint64_t{static_cast<uint32_t>(m.rank)} << 32) | i, m.merged, version[i], version[j]});
-    std::push_heap(heap.begin(), heap.end(), later);
+    if (m.rank == kNone) return kEmpty;
+    merged[i] = m.merged;
+    return (uint64_t{static_cast<uint32_t>(m.rank)} << 32) | i;
   };
-  for (size_t i = 0; i + 1 < n; ++i) push(static_cast<uint32_t>(i));
-  while (!heap.empty()) {
-    std::pop_heap(heap.begin(), heap.end(), later);
-    const Entry e = heap.back();
-    heap.pop_back();
-    const auto i = static_cast<uint32_t>(e.key & 0xFFFFFFFFu);
+  const auto set = [&](size_t i, uint64_t value) {
+    size_t k = leaves + i;
+    tree[k] = value;
+    for (k >>= 1; k >= 1; k >>= 1) {
+      const uint64_t m = std::min(tree[2 * k], tree[2 * k + 1]);
+      if (tree[k] == m) break;  // nothing above changes
+      tree[k] = m;
+    }
+  };
+  for (size_t i = 0; i + 1 < n; ++i) tree[leaves + i] = leaf(static_cast<uint32_t>(i));
+  for (size_t k = leaves - 1; k >= 1; --k) tree[k] = std::min(tree[2 * k], tree[2 * k + 1]);
+  while (tree[1] != kEmpty) {
+    const auto i = static_cast<uint32_t>(tree[1] & 0xFFFFFFFFu);
     const uint32_t j = next[i];
-    if (j >= n || version[i] != e.left_version || version[j] != e.right_version) continue;
-    id[i] = e.merged;
-    ++version[i];
-    version[j] = UINT32_MAX;  // dead: never matches an entry again
+    id[i] = merged[i];
     next[i] = next[j];
     if (next[j] < n) prev[next[j]] = i;
-    if (prev[i] < n) push(prev[i]);
-    push(i);
+    set(j, kEmpty);
+    set(i, leaf(i));
+    if (prev[i] < n) set(prev[i], leaf(prev[i]));
   }
   size_t w = 0;
   for (uint32_t i = 0; i < n; i = next[i]) id[w++] = id[i];

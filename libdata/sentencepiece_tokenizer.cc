@@ -1,8 +1,8 @@
 #include "libdata/sentencepiece_tokenizer.h"
 
 #include <cmath>
+#include <cstring>
 #include <optional>
-#include <queue>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/escaping.h"
@@ -49,6 +49,8 @@ class SpEncoder : public TextEncoder {
     bool freeze;
   };
   std::vector<Symbol> symbols_;
+  std::vector<uint64_t> tree_;
+  std::vector<int32_t> pair_id_;
   absl::flat_hash_map<std::string, std::pair<std::string, std::string>> rev_merge_;
 };
 
@@ -296,49 +298,66 @@ void SpEncoder::EncodeWord(std::string_view word, std::vector<int32_t>* ids) {
                         freeze});
     pos += n;
   }
-  // sentencepiece's agenda: the highest score first, the leftmost on ties; an entry is stale
-  // when either symbol was merged away or grew.
-  struct Pair {
-    float score;
-    int32_t left, right;
-    uint32_t size;
-    int32_t id;  // the merged piece
+  // sentencepiece's agenda pops the highest score first, the leftmost on ties, and skips entries
+  // whose symbols changed since. Here a tournament tree over the symbol positions holds only
+  // the current pairs, keyed (score order, position), so its root is the agenda's next valid
+  // entry; pairs are (re)computed in the agenda's order, which the UNUSED split-back records.
+  const size_t n = symbols_.size();
+  size_t leaves = 1;
+  while (leaves < n) leaves <<= 1;
+  constexpr uint64_t kEmpty = ~uint64_t{0};
+  tree_.assign(2 * leaves, kEmpty);
+  pair_id_.resize(n);
+  // Higher scores first: the float's bits made to sort as unsigned, then inverted.
+  const auto order = [](float score) {
+    uint32_t bits;
+    std::memcpy(&bits, &score, 4);
+    bits = (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
+    return ~bits;
   };
-  const auto worse = [](const Pair& a, const Pair& b) {
-    return a.score < b.score || (a.score == b.score && a.left > b.left);
-  };
-  std::priority_queue<Pair, std::vector<Pair>, decltype(worse)> agenda(worse);
-  const auto add = [&](int32_t left, int32_t right) {
-    if (left < 0 || right < 0 || symbols_[left].freeze || symbols_[right].freeze) return;
+  const auto pair = [&](int32_t left) -> uint64_t {
+    if (left < 0) return kEmpty;
+    const int32_t right = symbols_[left].next;
+    if (right < 0 || symbols_[left].freeze || symbols_[right].freeze) return kEmpty;
     const uint32_t size = symbols_[left].len + symbols_[right].len;
     const std::string_view piece = word.substr(symbols_[left].start, size);
     // Pairs of pieces come from a table of ids; only unknown characters need the string.
     const int32_t id = symbols_[left].id >= 0 && symbols_[right].id >= 0
                            ? t_.merges_.Find(symbols_[left].id, symbols_[right].id).merged
                            : t_.pieces_.Find(piece);
-    if (id < 0) return;
-    agenda.push({t_.model_.pieces[id].score, left, right, size, id});
+    if (id < 0) return kEmpty;
     if (t_.model_.pieces[id].type == PieceType::kUnused) {
       rev_merge_[absl::string_view(piece.data(), piece.size())] = {
           std::string(word.substr(symbols_[left].start, symbols_[left].len)),
           std::string(word.substr(symbols_[right].start, symbols_[right].len))};
     }
+    pair_id_[left] = id;
+    return (uint64_t{order(t_.model_.pieces[id].score)} << 32) | static_cast<uint32_t>(left);
   };
-  for (size_t i = 1; i < symbols_.size(); ++i)
-    add(static_cast<int32_t>(i - 1), static_cast<int32_t>(i));
-  while (!agenda.empty()) {
-    const Pair top = agenda.top();
-    agenda.pop();
-    Symbol& l = symbols_[top.left];
-    Symbol& r = symbols_[top.right];
-    if (l.len == 0 || r.len == 0 || l.len + r.len != top.size) continue;
+  const auto set = [&](size_t i, uint64_t value) {
+    size_t k = leaves + i;
+    tree_[k] = value;
+    for (k >>= 1; k >= 1; k >>= 1) {
+      const uint64_t m = std::min(tree_[2 * k], tree_[2 * k + 1]);
+      if (tree_[k] == m) break;
+      tree_[k] = m;
+    }
+  };
+  for (size_t i = 0; i + 1 < n; ++i) tree_[leaves + i] = pair(static_cast<int32_t>(i));
+  for (size_t k = leaves - 1; k >= 1; --k) tree_[k] = std::min(tree_[2 * k], tree_[2 * k + 1]);
+  while (n > 0 && tree_[1] != kEmpty) {
+    const auto left = static_cast<int32_t>(tree_[1] & 0xFFFFFFFFu);
+    Symbol& l = symbols_[left];
+    const int32_t right = l.next;
+    Symbol& r = symbols_[right];
     l.len += r.len;
-    l.id = top.id;
+    l.id = pair_id_[left];
     l.next = r.next;
-    if (r.next >= 0) symbols_[r.next].prev = top.left;
+    if (r.next >= 0) symbols_[r.next].prev = left;
     r.len = 0;
-    add(l.prev, top.left);
-    add(top.left, l.next);
+    set(static_cast<size_t>(right), kEmpty);
+    if (l.prev >= 0) set(static_cast<size_t>(l.prev), pair(l.prev));
+    set(static_cast<size_t>(left), pair(left));
   }
   for (int32_t i = symbols_.empty() ? -1 : 0; i >= 0; i = symbols_[i].next) {
     Resegment(word.substr(symbols_[i].start, symbols_[i].len), ids);
