@@ -566,6 +566,17 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Create(HfTokenizerSpec
       return st;
     normalized[i] = out;
   }
+  // The post-processor's ids must be tokens (HF would emit ids that decode to nothing).
+  for (const std::vector<int32_t>* ids : {&spec.prefix, &spec.suffix}) {
+    for (int32_t id : *ids) {
+      bool known = spec.model->TokenString(id) != nullptr;
+      for (const HfAddedToken& a : spec.added) known = known || a.id == id;
+      if (!known) {
+        return absl::InvalidArgumentError(
+            Cat(spec.source, ": post_processor: id ", id, " is not in the vocabulary"));
+      }
+    }
+  }
   std::optional<int32_t> eod;
   if (spec.eos_token) {
     int32_t id = -1;

@@ -241,6 +241,13 @@ def test_malformed_files_are_clear_errors(trained, tmp_path):
     assert p.returncode == 2 and b"nosuchtoken" in p.stderr
     p = run_tool("tokenize", ["encode", *args_for(tmp_path / "missing.json")], b"x", check=False)
     assert p.returncode == 2 and b"missing.json" in p.stderr
+    # A post-processor naming an id outside the vocabulary (HF would emit it anyway).
+    data = json.loads((trained["llama3"] / "tokenizer.json").read_text())
+    template = data["post_processor"]["processors"][1]
+    template["special_tokens"]["<|begin_of_text|>"]["ids"] = [999999]
+    (tmp_path / "post.json").write_text(json.dumps(data))
+    p = run_tool("tokenize", ["encode", *args_for(tmp_path / "post.json")], b"x", check=False)
+    assert p.returncode == 2 and b"post_processor: id 999999" in p.stderr
 
 
 @pytest.mark.parametrize("ignore_merges", [False, True])
