@@ -73,6 +73,16 @@ class SpTokenizer : public Tokenizer {
                            eos_ ? absl::StrCat(*eos_) : "none");
   }
 
+  // The piece a symbol (one character, or a user-defined symbol) is, or -1: characters of the
+  // Basic Multilingual Plane from a direct table.
+  int32_t SymbolId(std::string_view s) const {
+    const auto* p = reinterpret_cast<const uint8_t*>(s.data());
+    uint32_t cp;
+    if (s.size() <= 3 && DecodeUtf8(p, p + s.size(), &cp) == static_cast<int>(s.size()))
+      return char_id_[cp];
+    return pieces_.Find(s);
+  }
+
   // sentencepiece's PieceToId: reserved pieces, then ordinary ones, else unk.
   int32_t PieceToId(std::string_view s) const {
     const int32_t r = reserved_.Find(s);
@@ -87,6 +97,7 @@ class SpTokenizer : public Tokenizer {
   std::optional<SentencePieceNormalizer> normalizer_;
   TokenTable pieces_;    // NORMAL, USER_DEFINED, UNUSED
   TokenTable reserved_;  // CONTROL, UNKNOWN, BYTE
+  std::vector<int32_t> char_id_ = std::vector<int32_t>(0x10000, -1);  // one-character pieces
   // (left piece, right piece) -> the piece of their concatenation, for every split of every
   // piece into two pieces: merge candidates without hashing strings.
   PairTable merges_;
@@ -133,6 +144,12 @@ absl::StatusOr<std::unique_ptr<SpTokenizer>> SpTokenizer::Create(SentencePieceMo
       return error(Cat("piece \"", absl::CHexEscape(p.piece), "\" is defined twice"));
     table.Set(p.piece, id);
     if (p.type == PieceType::kUserDefined) t->user_defined_->Add(p.piece, id);
+    if (normal && p.piece.size() <= 3) {
+      uint32_t cp;
+      const auto* b = reinterpret_cast<const uint8_t*>(p.piece.data());
+      if (DecodeUtf8(b, b + p.piece.size(), &cp) == static_cast<int>(p.piece.size()))
+        t->char_id_[cp] = id;
+    }
     if (p.type == PieceType::kUnknown) {
       if (t->unk_id_ >= 0) return error("the unk piece is defined twice");
       t->unk_id_ = id;
