@@ -27,7 +27,8 @@ import subprocess
 import sys
 import time
 
-os.environ["RAYON_NUM_THREADS"] = "1"  # before tokenizers is imported
+if "--build-only" not in sys.argv:
+    os.environ["RAYON_NUM_THREADS"] = "1"  # before tokenizers is imported: one thread
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -61,9 +62,7 @@ def build_tokenizers(cache, corpora):
     texts = [d for name in ["english", "multilingual", "code"] for d in corpora[name]]
     if not (cache / "llama3_32k" / "tokenizer.json").exists():
         print("training llama3_32k ...", file=sys.stderr)
-        os.environ["RAYON_NUM_THREADS"] = str(os.cpu_count())
         folder = hf_fixtures.build("llama3", texts, cache / "tmp", vocab_size=32000)
-        os.environ["RAYON_NUM_THREADS"] = "1"
         folder.rename(cache / "llama3_32k")
     if not (cache / "sp_llama2_32k.model").exists():
         print("training sp_llama2_32k ...", file=sys.stderr)
@@ -94,6 +93,7 @@ def main():
     ap.add_argument("--corpora", default=str(ROOT / ".cache" / "corpora-tf"))
     ap.add_argument("--cache", default=str(ROOT / ".cache" / "bench-tokenizers"))
     ap.add_argument("--skip-build", action="store_true", help="reuse --corpora as they are")
+    ap.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     corpora_dir = pathlib.Path(args.corpora)
     if not args.skip_build:
@@ -103,7 +103,14 @@ def main():
     corpora = {n: [json.loads(line)["text"] for line in open(corpora_dir / f"{n}.jsonl",
                                                              encoding="utf-8")] for n in CORPORA}
     cache = pathlib.Path(args.cache)
-    build_tokenizers(cache, corpora)
+    if args.build_only:
+        build_tokenizers(cache, corpora)
+        return
+    # Training uses every core; it runs in a child process, because HF tokenizers sizes its
+    # thread pool once per process and the timed encode_batch must run on one thread.
+    subprocess.run([sys.executable, __file__, "--skip-build", "--build-only", "--corpora",
+                    str(corpora_dir), "--cache", str(cache)], check=True,
+                   env={**os.environ, "RAYON_NUM_THREADS": str(os.cpu_count())})
 
     import sentencepiece as spm
     import tiktoken
