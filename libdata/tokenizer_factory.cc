@@ -1,4 +1,5 @@
 // LoadTokenizer: Megatron's --tokenizer-type to a family; the GPT-2 and Null tokenizers.
+#include <cctype>
 #include <charconv>
 
 #include "absl/strings/str_format.h"
@@ -61,7 +62,12 @@ class NullEncoder : public TextEncoder {
     size_t pos = 0;
     for (;;) {
       const size_t sp = text.find(' ', pos);
-      const std::string_view word = text.substr(pos, sp == std::string_view::npos ? sp : sp - pos);
+      std::string_view word = text.substr(pos, sp == std::string_view::npos ? sp : sp - pos);
+      // Python's int() ignores white space around the number.
+      while (!word.empty() && std::isspace(static_cast<unsigned char>(word.front())))
+        word.remove_prefix(1);
+      while (!word.empty() && std::isspace(static_cast<unsigned char>(word.back())))
+        word.remove_suffix(1);
       int64_t v = -1;
       const auto r = std::from_chars(word.data(), word.data() + word.size(), v);
       if (r.ec != std::errc() || r.ptr != word.data() + word.size() || v < 0 || v > vocab_size_) {
