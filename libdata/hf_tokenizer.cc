@@ -601,9 +601,10 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Create(HfTokenizerSpec
   absl::flat_hash_set<std::string> extra;
   for (size_t i = 0; i < t->s_.added.size(); ++i) {
     const HfAddedToken& a = t->s_.added[i];
-    const bool use_normalized = a.normalized && !t->s_.normalizers.empty();
-    (use_normalized ? t->normalized_ : t->raw_)
-        .Add(use_normalized ? t->normalized_content_[i] : a.content, static_cast<int32_t>(i));
+    // Two passes, as HF: non-normalized tokens in the raw text first, then normalized ones in
+    // what is left (after normalizing it, when there is a normalizer).
+    (a.normalized ? t->normalized_ : t->raw_)
+        .Add(a.normalized ? t->normalized_content_[i] : a.content, static_cast<int32_t>(i));
     if (t->s_.model->FindString(a.content) < 0) extra.insert(a.content);
   }
   t->vocab_size_ = static_cast<int64_t>(t->s_.model->vocab_entries() + extra.size());

@@ -10,7 +10,7 @@ import re
 
 import numpy as np
 import pytest
-from tokenizers import AddedToken, Tokenizer
+from tokenizers import AddedToken, Tokenizer, models
 
 import hf_fixtures
 from megatron_data_ref import NumpyIndexedDatasetBuilder
@@ -271,3 +271,18 @@ def test_merges_rank_pairs_not_concatenations(tmp_path, ignore_merges):
     ours = encode_many(args_for(path), texts)
     assert ours == [e.ids for e in tok.encode_batch(texts)]
     assert ours[0] == ([5] if ignore_merges else [3, 2])
+
+
+def test_added_tokens_are_found_in_two_passes(tmp_path):
+    # HF extracts non-normalized added tokens from the raw text first, then normalized ones from
+    # what is left, even without a normalizer: in "xab", "ab" wins over the earlier "xa".
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate("abcx<>")}, merges=[]))
+    tok.add_tokens([AddedToken("xa", normalized=True), AddedToken("ab", normalized=False),
+                    AddedToken("<ab>", normalized=True, special=True)])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    texts = ["xab", "xxab", "abxa", "xaab", "<ab>x", "x<ab>", "<xab>"]
+    for extra in ([], ["--no-allow-special"]):
+        if extra:
+            tok.encode_special_tokens = True
+        ours = encode_many(args_for(tmp_path / "tokenizer.json"), texts, *extra)
+        assert ours == [e.ids for e in tok.encode_batch(texts)]
