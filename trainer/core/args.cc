@@ -6,12 +6,14 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "libdata/tokenizer.h"
 #include "trainer/core/scheduler.h"
 
 namespace leantron::trainer {
 
 int64_t TrainArgs::true_vocab_size() const {
   if (tokenizer_type == "NullTokenizer") return vocab_size + 1;  // Megatron adds the EOD id
+  if (tokenizer_vocab_size > 0) return tokenizer_vocab_size;
   return 50257;
 }
 
@@ -35,10 +37,21 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
                  "Vocabulary padding unit (default 128)");
   app.add_option("--norm-epsilon,--layernorm-epsilon", a->norm_epsilon, "LayerNorm epsilon");
   app.add_option("--tokenizer-type", a->tokenizer_type,
-                 "GPT2BPETokenizer (vocab 50257) or NullTokenizer (--vocab-size ids + EOD)");
-  app.add_option("--vocab-size", a->vocab_size, "NullTokenizer vocabulary size");
+                 "GPT2BPETokenizer (vocab 50257), NullTokenizer (--vocab-size ids + EOD), or "
+                 "HuggingFaceTokenizer, TikTokenizer, SentencePieceTokenizer, Llama2Tokenizer, "
+                 "GPTSentencePieceTokenizer (--tokenizer-model; vocabulary size and EOD read "
+                 "from it)");
+  app.add_option("--vocab-size", a->vocab_size,
+                 "NullTokenizer vocabulary size; TikTokenizer (v1/v2) vocabulary size");
   app.add_option("--vocab-file", a->vocab_file, "GPT-2 vocab.json (only the size is used)");
   app.add_option("--merge-file", a->merge_file, "GPT-2 merges.txt (only the size is used)");
+  app.add_option("--tokenizer-model", a->tokenizer_model,
+                 "tokenizer.json (or its folder), tiktoken ranks, or SentencePiece model");
+  app.add_option("--tiktoken-pattern", a->tiktoken_pattern, "TikTokenizer pattern");
+  app.add_option("--tiktoken-num-special-tokens", a->tiktoken_num_special_tokens,
+                 "TikTokenizer (v1/v2) special tokens");
+  app.add_option("--tokenizer-special-tokens", a->tokenizer_special_tokens,
+                 "TikTokenizer (v1/v2) special tokens");
   // Parallelism.
   app.add_option("--tensor-model-parallel-size", a->tensor_model_parallel_size, "TP size");
   app.add_option("--pipeline-model-parallel-size", a->pipeline_model_parallel_size, "PP size");
@@ -234,9 +247,22 @@ absl::Status ValidateTrainArgs(TrainArgs* a) {
     return bad("dropout probabilities must be in [0, 1)");
   if (a->tokenizer_type == "NullTokenizer") {
     if (a->vocab_size <= 0) return bad("NullTokenizer needs --vocab-size");
-  } else if (a->tokenizer_type != "GPT2BPETokenizer") {
-    return bad("--tokenizer-type must be GPT2BPETokenizer or NullTokenizer, not ",
-               a->tokenizer_type);
+    a->eod_id = a->vocab_size;
+  } else if (a->tokenizer_type == "GPT2BPETokenizer") {
+    a->eod_id = 50256;
+  } else {
+    // The other types are read for the vocabulary size Megatron's tokenizer reports.
+    data::TokenizerOptions t;
+    t.type = a->tokenizer_type;
+    t.model = a->tokenizer_model;
+    t.tiktoken_pattern = a->tiktoken_pattern;
+    t.vocab_size = a->vocab_size;
+    t.tiktoken_num_special_tokens = a->tiktoken_num_special_tokens;
+    t.special_tokens = a->tokenizer_special_tokens;
+    absl::StatusOr<std::unique_ptr<data::Tokenizer>> tokenizer = data::LoadTokenizer(t);
+    if (!tokenizer.ok()) return tokenizer.status();
+    a->tokenizer_vocab_size = (*tokenizer)->vocab_size();
+    a->eod_id = (*tokenizer)->eod_id().value_or(-1);
   }
   if (!(a->distributed_timeout_minutes > 0) || a->rendezvous_timeout_seconds <= 0 ||
       a->heartbeat_timeout_seconds <= 0)

@@ -33,8 +33,15 @@ struct TrainArgs {
   int64_t make_vocab_size_divisible_by = 128;
   double norm_epsilon = 1e-5;
   std::string tokenizer_type = "GPT2BPETokenizer";
-  int64_t vocab_size = 0;  // NullTokenizer's --vocab-size
+  int64_t vocab_size = 0;  // NullTokenizer's and TikTokenizer's --vocab-size
   std::string vocab_file, merge_file;
+  // HuggingFaceTokenizer, TikTokenizer, SentencePiece types: the tokenizer is loaded by
+  // ValidateTrainArgs for its vocabulary size and EOD (libdata/tokenizer.h).
+  std::string tokenizer_model, tiktoken_pattern;
+  int64_t tiktoken_num_special_tokens = 1000;
+  std::vector<std::string> tokenizer_special_tokens;
+  int64_t tokenizer_vocab_size = 0;  // derived: the loaded tokenizer's vocabulary (0: not loaded)
+  int64_t eod_id = -1;               // derived: the tokenizer's EOD (-1: none)
   // Parallelism.
   int tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1;
   int context_parallel_size = 1;  // a dimension of the process grid; 1 until CP is built
