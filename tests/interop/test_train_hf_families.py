@@ -1,6 +1,8 @@
 """The float32 trainer on checkpoints converted from tiny HF Llama 3 (grouped-query, untied),
-Mistral and Qwen2 (q/k/v biases, tied) folders: `train --finetune` loads them, its first loss is
-the float64 numpy forward's loss of the HF folder on the same tokens, and a few steps stay finite.
+Llama 3.1 (rope scaling "llama3"), Llama 3.2 (tied, scaling factor 32), Mistral and Qwen2 (q/k/v
+biases, tied) folders: `train --finetune` loads them, its first loss is the float64 numpy forward's
+loss of the HF folder on the same tokens (HF's scaled frequencies written out in ckpt_testlib), and
+a few steps stay finite.
 What it saves remembers the HF class, so `convert_hf --to-hf` gives Mistral back as Mistral; a
 Llama 3.1 checkpoint needs the matching --use-rope-scaling flags."""
 import json
@@ -10,13 +12,20 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from ckpt_testlib import llama_forward_hf, make_llama, megatron_forward, read_hf, run
+from ckpt_testlib import llama_forward_hf, make_llama, megatron_forward, read_hf, run, write_hf
 from train_testlib import mock_sample, parse_log, run_train
 
 SEED, SEQ, VOCAB, GBS = 1234, 32, 256, 4
 SHAPE = dict(layers=2, hidden=32, heads=4, kv_heads=2, ffn=48, vocab=VOCAB, positions=64)
+LLAMA31_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 FAMILIES = {
     "llama3": dict(overrides={"rope_theta": 500000.0}),
+    # Scaling changes wavelengths above 2048 only: a small base puts several of the head's 4
+    # frequencies there (10^6: wavelengths 6, 199, 6283, 198692).
+    "llama31": dict(overrides={"rope_theta": 1000000.0, "rope_scaling": LLAMA31_SCALING}),
+    "llama32": dict(tied=True, overrides={"rope_theta": 1000000.0,
+                                          "rope_scaling": dict(LLAMA31_SCALING, factor=32.0)}),
     "mistral": dict(model_type="mistral", overrides={"rope_theta": 1000000.0}),
     "qwen2": dict(model_type="qwen2", qkv_bias=True, tied=True,
                   overrides={"rope_theta": 1000000.0, "rms_norm_eps": 1e-6}),
@@ -37,11 +46,29 @@ def train_flags(cfg):
              "--hidden-dropout", "0", "--attention-dropout", "0", "--mock-data",
              "--micro-batch-size", 2, "--global-batch-size", GBS, "--log-interval", 1,
              "--eval-iters", 0, "--seed", SEED]
+    if cfg.get("rope_scaling"):
+        flags += ["--use-rope-scaling", "--rope-scaling-factor", cfg["rope_scaling"]["factor"]]
     if cfg["model_type"] == "qwen2":
         flags.append("--add-qkv-bias")
     if not cfg["tie_word_embeddings"]:
         flags.append("--untie-embeddings-and-output-weights")
     return flags
+
+
+def sharpen_low_frequencies(path, cfg, tensors, gain=8.0):
+    """Rewrites the HF folder with the q/k rows of the rotary pairs i >= head_dim/4 (the lowest
+    frequencies: rotate-half dims [d/4, d/2) and [3d/4, d)) times `gain`, so that Llama 3.1's
+    scaling, which moves only those, changes the loss by far more than the tolerance."""
+    hd = cfg["head_dim"]
+    scale = np.ones(hd, np.float32)
+    scale[hd // 4:hd // 2] = gain
+    scale[3 * hd // 4:] = gain
+    for name in list(tensors):
+        if name.endswith(("q_proj.weight", "k_proj.weight")):
+            w = tensors[name]
+            tensors[name] = (w.reshape(-1, hd, w.shape[-1]) * scale[None, :, None]).reshape(w.shape)
+    write_hf(path, cfg, tensors)
+    return tensors
 
 
 def numpy_loss(tensors, cfg):
@@ -59,6 +86,11 @@ def numpy_loss(tensors, cfg):
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_converted_family_trains_from_the_hf_loss(tmp_path, family):
     cfg, tensors = make_llama(tmp_path / "hf", **SHAPE, **FAMILIES[family])
+    if "rope_scaling" in cfg:
+        tensors = sharpen_low_frequencies(tmp_path / "hf", cfg, tensors)
+        unscaled = {k: v for k, v in cfg.items() if k != "rope_scaling"}
+        # The comparison's power: ignoring the scaling would miss by 100 tolerances or more.
+        assert abs(numpy_loss(tensors, unscaled) / numpy_loss(tensors, cfg) - 1) > 1e-3
     run("convert_hf", "--from-hf", tmp_path / "hf", "--save", tmp_path / "ck")
     proc = run_train(train_flags(cfg) + ["--load", tmp_path / "ck", "--finetune",
                                          "--train-iters", 3, "--lr", "1e-3"])
@@ -104,13 +136,11 @@ def test_a_model_trained_here_with_qkv_bias_exports_as_qwen2(tmp_path):
 
 
 def test_a_llama31_checkpoint_needs_the_rope_scaling_flags(tmp_path):
-    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
-    cfg, _ = make_llama(tmp_path / "hf", **SHAPE,
-                        overrides={"rope_theta": 500000.0, "rope_scaling": scaling})
+    cfg, _ = make_llama(tmp_path / "hf", **SHAPE, **FAMILIES["llama31"])
     run("convert_hf", "--from-hf", tmp_path / "hf", "--save", tmp_path / "ck")
-    flags = train_flags(cfg) + ["--load", tmp_path / "ck", "--finetune", "--train-iters", 1,
-                                "--lr", "1e-3"]
+    flags = [f for f in train_flags(cfg) if f not in ("--use-rope-scaling", "--rope-scaling-factor",
+                                                      8.0)]
+    flags += ["--load", tmp_path / "ck", "--finetune", "--train-iters", 1, "--lr", "1e-3"]
     proc = run_train(flags, ok=False)
     assert proc.returncode == 1
     assert ("checkpoint has rope_scaling llama3 (factor 8, low_freq_factor 1, high_freq_factor 4, "
