@@ -203,6 +203,87 @@ TYPED_TEST(KernelTest, CrossEntropyForwardBackward) {
 
 // ================================================================ float-only kernels, determinism
 
+// RearrangeQkv against a float64 host model: every element of the attention layout (queries of all
+// heads, then key and value per group) from Megatron-Core's grouped layout (per group: its query
+// heads, key, value), queries and keys rotated by θ = position·f_i (rotate-half pairs), and back
+// with −θ. Head dims whose half is a multiple of 8 and 4 (vector paths), of neither, and a
+// misaligned buffer (element by element), for grouped and multi-head attention.
+TYPED_TEST(KernelTest, RearrangeQkvWithRope) {
+  using T = TypeParam;
+  struct Case {
+    int64_t heads, groups, head_dim, offset;
+  };
+  for (const Case& c : {Case{4, 2, 16, 0}, Case{4, 2, 8, 0}, Case{6, 3, 12, 0}, Case{4, 4, 32, 0},
+                        Case{4, 1, 16, 1}}) {
+    for (bool rope : {false, true}) {
+      SCOPED_TRACE(testing::Message()
+                   << "heads " << c.heads << " groups " << c.groups << " head_dim " << c.head_dim
+                   << " offset " << c.offset << " rope " << rope);
+      const int64_t seq = 5, rows = 2 * seq, half = c.head_dim / 2, per = c.heads / c.groups;
+      const int64_t width = (c.heads + 2 * c.groups) * c.head_dim, n = rows * width;
+      const auto in = RoundT<T>(Rand(n, 160));
+      std::vector<float> cos(seq * half), sin(seq * half);
+      for (int64_t t = 0; t < seq; ++t) {
+        for (int64_t i = 0; i < half; ++i) {
+          const double theta = t * std::pow(10000.0, -2.0 * i / c.head_dim);
+          cos[t * half + i] = static_cast<float>(std::cos(theta));
+          sin[t * half + i] = static_cast<float>(std::sin(theta));
+        }
+      }
+      // want[row][attention offset] from the grouped input, in double.
+      std::vector<float> want(n);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t t = r % seq;
+        for (int64_t slot = 0; slot < c.heads + 2 * c.groups; ++slot) {
+          int64_t from, to;
+          bool rotate = rope;
+          if (slot < c.heads) {
+            from = ((slot / per) * (per + 2) + slot % per) * c.head_dim;
+            to = slot * c.head_dim;
+          } else if (slot < c.heads + c.groups) {
+            const int64_t g = slot - c.heads;
+            from = (g * (per + 2) + per) * c.head_dim;
+            to = (c.heads + 2 * g) * c.head_dim;
+          } else {
+            const int64_t g = slot - c.heads - c.groups;
+            from = (g * (per + 2) + per + 1) * c.head_dim;
+            to = (c.heads + 2 * g + 1) * c.head_dim;
+            rotate = false;
+          }
+          for (int64_t i = 0; i < half; ++i) {
+            const double a = in[r * width + from + i], b = in[r * width + from + i + half];
+            const double cs = rotate ? cos[t * half + i] : 1.0, sn = rotate ? sin[t * half + i] : 0;
+            want[r * width + to + i] = static_cast<float>(a * cs - b * sn);
+            want[r * width + to + i + half] = static_cast<float>(b * cs + a * sn);
+          }
+        }
+      }
+      std::vector<float> padded(n + c.offset, 0.0f);
+      std::copy(in.begin(), in.end(), padded.begin() + c.offset);
+      auto din = DevT<T>(padded);
+      Dev<T> dout(n + c.offset), dback(n + c.offset);
+      Dev<float> dcos(cos), dsin(sin);
+      RearrangeQkv<T>(dout.get() + c.offset, din->get() + c.offset, rows, seq, c.heads, c.groups,
+                      c.head_dim, rope ? dcos.get() : nullptr, rope ? dsin.get() : nullptr,
+                      /*to_attention=*/true, MainStream());
+      RearrangeQkv<T>(dback.get() + c.offset, dout.get() + c.offset, rows, seq, c.heads, c.groups,
+                      c.head_dim, rope ? dcos.get() : nullptr, rope ? dsin.get() : nullptr,
+                      /*to_attention=*/false, MainStream());
+      const auto got = DownF(dout), back = DownF(dback);
+      const std::vector<float> got_n(got.begin() + c.offset, got.end());
+      const std::vector<float> back_n(back.begin() + c.offset, back.end());
+      if (rope) {
+        EXPECT_TRUE(Close(got_n, want, Tol<T>()));
+        // The inverse rotation of a T-rounded rotation: the input within T's rounding.
+        EXPECT_TRUE(Close(back_n, in, Tol<T>()));
+      } else {  // a permutation: bit for bit
+        EXPECT_TRUE(BitwiseEqual(got_n, want));
+        EXPECT_TRUE(BitwiseEqual(back_n, in));
+      }
+    }
+  }
+}
+
 TEST_F(GpuTest, AdamWKernel) {
   const size_t n = 4099;
   auto p = Rand(n, 210), g = Rand(n, 211, 0.1f), m = Rand(n, 212, 0.01f), v = Rand(n, 213, 1e-3f);
