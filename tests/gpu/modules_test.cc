@@ -328,27 +328,36 @@ TEST_P(BlockTest, TransformerLayer) {
   dx_input = dx;
   cpu_->Dropout(dx_input.data(), kRows, h_, Drop(p, 0));
 
+  // With the norm outputs kept, and recomputed in the backward (selective, layernorm: one shared
+  // buffer, poisoned between forward and backward so that only a recomputation can pass).
   TransformerLayer layer(ctx_, ls, shard_, attention_.get(), w_, false);
-  const TransformerLayer::Acts a = layer.MakeActs(nullptr);
-  Dev<bf16> xd(ToT<bf16>(x));
-  layer.NormInput(nullptr, {xd.get(), nullptr}, nullptr, a, Drop(p, 0));
-  const RowParallelOutput out = layer.Forward(xd.get(), a, Drop(p, 1));
-  std::vector<bf16> got(n), mid_got(n);
-  LT_CUDA_CHECK(cudaMemcpy(got.data(), out.local, n * sizeof(bf16), cudaMemcpyDefault));
-  LT_CUDA_CHECK(cudaMemcpy(mid_got.data(), a.mid, n * sizeof(bf16), cudaMemcpyDefault));
-  EXPECT_TRUE(RelClose(FromT<bf16>(mid_got), std::vector<float>(mid, mid + n), 1e-2)) << "mid";
-  EXPECT_TRUE(RelClose(FromT<bf16>(got), mlp_out, 2e-2)) << "MLP output";
-  Dev<bf16> dxd(ToT<bf16>(dy)), dmlp(ToT<bf16>(dy));
-  Dropout<bf16>(dmlp.get(), kRows, h_, Drop(p, 2), MainStream());
-  bf16* dinput = layer.Backward(dxd.get(), dmlp.get(), xd.get(), a, Drop(p, 1), Drop(p, 0));
-  std::vector<bf16> dinput_got(n);
-  LT_CUDA_CHECK(cudaMemcpy(dinput_got.data(), dinput, n * sizeof(bf16), cudaMemcpyDefault));
-  EXPECT_TRUE(RelClose(DownF(dxd), dx, 3e-2)) << "d(x)";
-  EXPECT_TRUE(RelClose(FromT<bf16>(dinput_got), dx_input, 3e-2)) << "d(input branch)";
-  std::vector<std::string> names;
-  for (const ParamView& v : params_->views())
-    if (v.name.rfind("decoder.layers.0.", 0) == 0) names.push_back(v.name);
-  ExpectGrads(names, 3e-2);
+  for (bool recompute_norms : {false, true}) {
+    SCOPED_TRACE(recompute_norms ? "norms recomputed" : "norms kept");
+    LT_CUDA_CHECK(cudaMemset(grad_->get(), 0, grad_->size() * sizeof(float)));
+    Dev<bf16> shared_norm(recompute_norms ? n : 0);
+    const TransformerLayer::Acts a =
+        layer.MakeActs(nullptr, recompute_norms ? shared_norm.get() : nullptr);
+    Dev<bf16> xd(ToT<bf16>(x));
+    layer.NormInput(nullptr, {xd.get(), nullptr}, nullptr, a, Drop(p, 0));
+    const RowParallelOutput out = layer.Forward(xd.get(), a, Drop(p, 1));
+    std::vector<bf16> got(n), mid_got(n);
+    LT_CUDA_CHECK(cudaMemcpy(got.data(), out.local, n * sizeof(bf16), cudaMemcpyDefault));
+    LT_CUDA_CHECK(cudaMemcpy(mid_got.data(), a.mid, n * sizeof(bf16), cudaMemcpyDefault));
+    EXPECT_TRUE(RelClose(FromT<bf16>(mid_got), std::vector<float>(mid, mid + n), 1e-2)) << "mid";
+    EXPECT_TRUE(RelClose(FromT<bf16>(got), mlp_out, 2e-2)) << "MLP output";
+    if (recompute_norms) shared_norm.Poison();
+    Dev<bf16> dxd(ToT<bf16>(dy)), dmlp(ToT<bf16>(dy));
+    Dropout<bf16>(dmlp.get(), kRows, h_, Drop(p, 2), MainStream());
+    bf16* dinput = layer.Backward(dxd.get(), dmlp.get(), xd.get(), a, Drop(p, 1), Drop(p, 0));
+    std::vector<bf16> dinput_got(n);
+    LT_CUDA_CHECK(cudaMemcpy(dinput_got.data(), dinput, n * sizeof(bf16), cudaMemcpyDefault));
+    EXPECT_TRUE(RelClose(DownF(dxd), dx, 3e-2)) << "d(x)";
+    EXPECT_TRUE(RelClose(FromT<bf16>(dinput_got), dx_input, 3e-2)) << "d(input branch)";
+    std::vector<std::string> names;
+    for (const ParamView& v : params_->views())
+      if (v.name.rfind("decoder.layers.0.", 0) == 0) names.push_back(v.name);
+    ExpectGrads(names, 3e-2);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Layers, BlockTest,

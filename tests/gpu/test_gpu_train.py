@@ -87,7 +87,7 @@ def files(ck, iteration):
                                         "uniform", "--recompute-num-layers", "1",
                                         "--recompute-gelu"]])
 def test_bf16_resume_is_bitwise(dataset, tmp_path, extra):
-    args = common(dataset, 20) + ["--bf16", "--hidden-dropout", "0.1"] + extra
+    args = common(dataset, 20) + ["--bf16", "--hidden-dropout", "0.1", "--deterministic-mode"] + extra
     straight = run_train(args + ["--save", tmp_path / "a"])
     run_train(args + ["--save", tmp_path / "b", "--exit-interval", "10"])
     rest = run_train(args + ["--load", tmp_path / "b", "--save", tmp_path / "b"])
@@ -123,6 +123,32 @@ def test_recompute_gives_the_same_losses(dataset, tmp_path):
           activation_mb(full.stdout), "uniform", activation_mb(uniform.stdout))
     assert activation_mb(full.stdout) < activation_mb(plain.stdout)
     assert activation_mb(uniform.stdout) < activation_mb(full.stdout)
+
+
+@pytest.mark.parametrize("arch", [[], LLAMA], ids=["gpt2", "llama"])
+def test_selective_norm_recompute_is_exact(dataset, arch):
+    """--recompute-modules layernorm normalises the stored inputs again in the backward: the same
+    kernel on the same bits, so the losses and gradient norms are bitwise those of the plain run,
+    and the norm outputs no longer count in the activation memory. (TP2+SP: test_multi_gpu.)"""
+    args = common(dataset, 5) + ["--bf16", "--deterministic-mode", "--hidden-dropout", "0.1"] + arch
+    plain = run_train(args)
+    norms = run_train(args + ["--recompute-granularity", "selective",
+                              "--recompute-modules", "core_attn", "layernorm"])
+    p_train, p_valid = parse_log(plain.stdout)
+    n_train, n_valid = parse_log(norms.stdout)
+    assert sorted(n_train) == list(range(1, 6))
+    for it in p_train:
+        assert n_train[it] == p_train[it]
+    assert n_valid == p_valid
+    # Wider and more rows, so the buffers weigh: 4 layers x 2 norm outputs of [16 x 64 rows, 512]
+    # bf16 = 8 MiB, less the shared buffer (1 MiB).
+    wide = common(dataset, 2) + ["--bf16", "--hidden-size", "512", "--num-attention-heads", "8",
+                                 "--micro-batch-size", "16", "--global-batch-size", "16"] + arch
+    kept = activation_mb(run_train(wide).stdout)
+    redone = activation_mb(run_train(wide + ["--recompute-granularity", "selective",
+                                             "--recompute-modules", "layernorm"]).stdout)
+    print("activation MB: norms kept", kept, "recomputed", redone)
+    assert 6 <= kept - redone <= 8
 
 
 @pytest.mark.parametrize("extra,layers,softmaxes", [

@@ -123,6 +123,18 @@ def test_float32_model_over_nccl_matches_one_gpu(dataset, one_gpu_fp32, extra):
         assert valid[it] == pytest.approx(v, rel=1e-4)
 
 
+def test_selective_norm_recompute_under_sp_is_exact(dataset):
+    """--recompute-modules layernorm under TP2+SP: each rank normalises its rows again and gathers
+    the rest; the losses are bitwise those of the same layout without it."""
+    args = common(dataset, 5) + ["--bf16", "--deterministic-mode", "--tensor-model-parallel-size",
+                                 "2", "--sequence-parallel"]
+    plain = parse_log(run_train(args, nproc=2).stdout)
+    norms = parse_log(run_train(args + ["--recompute-granularity", "selective",
+                                        "--recompute-modules", "layernorm"], nproc=2).stdout)
+    assert sorted(norms[0]) == list(range(1, 6))
+    assert norms == plain
+
+
 def test_checkpoint_resumes_under_another_layout(dataset, tmp_path):
     straight = losses(run_train(common(dataset) + ["--bf16"]))[0]
     run_train(common(dataset) + ["--bf16", "--use-distributed-optimizer", "--save",

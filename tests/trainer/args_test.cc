@@ -160,4 +160,28 @@ TEST(ArgsTest, RopeScalingFlagsReachTheModelConfig) {
 }
 
 }  // namespace
+
+// Megatron's --recompute-modules: a list (default core_attn), the modules implemented here taken,
+// Megatron's others refused by name.
+TEST(ArgsTest, RecomputeModulesAreAListOfMegatronsNames) {
+  auto msg = [](const absl::Status& s) { return std::string(s.message()); };
+  const std::vector<std::string> selective = {"--recompute-granularity", "selective"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), selective.begin(), selective.end());
+    return extra;
+  };
+  EXPECT_TRUE(Check(with({"--recompute-modules", "core_attn", "layernorm"}), 1).ok());
+  EXPECT_EQ(msg(Check(with({"--recompute-modules", "layernorm", "mlp"}), 1)),
+            "--recompute-modules mlp is not implemented (core_attn and layernorm are)");
+  EXPECT_EQ(msg(Check(with({"--recompute-modules", "norms"}), 1)),
+            "--recompute-modules takes core_attn or layernorm, not norms");
+  CLI::App app;
+  TrainArgs args;
+  AddTrainFlags(app, &args);
+  app.parse("--recompute-granularity selective", false);
+  EXPECT_EQ(args.recompute_modules, std::vector<std::string>{"core_attn"});
+  app.parse("--recompute-granularity selective --recompute-modules layernorm core_attn", false);
+  EXPECT_EQ(args.recompute_modules, (std::vector<std::string>{"layernorm", "core_attn"}));
+}
+
 }  // namespace leantron::trainer

@@ -78,7 +78,12 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
       "--heartbeat-timeout-seconds", a->heartbeat_timeout_seconds,
       "GPU runs: a rank silent this long counts as dead and stops the others (default 20)");
   app.add_option("--recompute-granularity", a->recompute_granularity,
-                 "full (whole layers) or selective (the attention softmax)");
+                 "full (whole layers) or selective (--recompute-modules)");
+  app.add_option("--recompute-modules", a->recompute_modules,
+                 "With --recompute-granularity selective, what to recompute in the backward: "
+                 "core_attn (the float32 model's attention softmax; flash attention keeps none), "
+                 "layernorm (the bf16 model's norm outputs). Default core_attn")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--recompute-method", a->recompute_method,
                  "uniform (every layer) or block (the first --recompute-num-layers per stage)");
   app.add_option("--recompute-num-layers", a->recompute_num_layers,
@@ -100,8 +105,8 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
                "products beside it");
   app.add_flag("--deterministic-mode", a->deterministic_mode,
                "Bitwise repeatable runs: the bf16 model takes cuBLASLt's heuristic algorithm for "
-               "each product instead of timing candidates at start-up (every other kernel is "
-               "deterministic always)");
+               "each product instead of timing candidates at start-up, and cuDNN's deterministic "
+               "attention backward (slower, with a [B, H, T, T] buffer)");
   app.add_option("--timing-log-level", a->timing_log_level,
                  "2: the bf16 model times every op on the GPU and prints the table at the end");
   app.add_flag("--grad-reduce-in-bf16", a->grad_reduce_in_bf16,
@@ -335,6 +340,12 @@ absl::Status ValidateTrainArgs(TrainArgs* a) {
     if (a->recompute_granularity != "full" && a->recompute_granularity != "selective")
       return bad("--recompute-granularity must be full or selective, not ",
                  a->recompute_granularity);
+    for (const std::string& m : a->recompute_modules) {
+      if (m == "mlp" || m == "moe_act" || m == "moe" || m == "shared_experts" || m == "mla_up_proj")
+        return bad("--recompute-modules ", m, " is not implemented (core_attn and layernorm are)");
+      if (m != "core_attn" && m != "layernorm")
+        return bad("--recompute-modules takes core_attn or layernorm, not ", m);
+    }
     if (a->recompute_granularity == "full") {
       if (a->recompute_method != "uniform" && a->recompute_method != "block")
         return bad("--recompute-granularity full needs --recompute-method uniform or block");

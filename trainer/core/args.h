@@ -59,6 +59,8 @@ struct TrainArgs {
   int rendezvous_timeout_seconds = 300, heartbeat_timeout_seconds = 20;
   std::string recompute_granularity, recompute_method;  // empty: none
   int64_t recompute_num_layers = 0;
+  // What selective recomputation redoes (Megatron's names): core_attn, layernorm.
+  std::vector<std::string> recompute_modules = {"core_attn"};
   bool overlap_grad_reduce = false, overlap_param_gather = false, grad_reduce_in_bf16 = false;
   // Two GPUs of one node move overlapped tensor-parallel blocks and data-parallel gradients by
   // copy engine unless these say NCCL (as across nodes or with more ranks).

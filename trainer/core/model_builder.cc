@@ -1,5 +1,6 @@
 #include "trainer/core/model_builder.h"
 
+#include "absl/algorithm/container.h"
 #include "trainer/reference/model.h"
 #ifdef LEANTRON_HAVE_CUDA
 #include "trainer/cuda/nn/bf16_model.h"
@@ -25,7 +26,12 @@ ModelOptions ModelOptionsFromArgs(const TrainArgs& args) {
                               ? static_cast<int>(args.num_layers)
                               : static_cast<int>(args.recompute_num_layers);
   }
-  mo.recompute_attention = args.recompute_granularity == "selective";
+  const bool selective = args.recompute_granularity == "selective";
+  auto module = [&](const char* name) {
+    return selective && absl::c_linear_search(args.recompute_modules, name);
+  };
+  mo.recompute_attention = module("core_attn");
+  mo.recompute_norms = module("layernorm");
   return mo;
 }
 
@@ -104,6 +110,10 @@ absl::StatusOr<TrainingModel> BuildTrainingModel(const TrainArgs& args, ProcessG
 #endif
   } else {
     const ModelOptions mo = ModelOptionsFromArgs(args);
+    if (mo.recompute_norms)
+      return absl::UnimplementedError(
+          "--recompute-modules layernorm is implemented in the bf16 model (--bf16); the float32 "
+          "model keeps its norm outputs");
     for (int v = 0; v < vpp; ++v) {
       m.models.push_back(std::make_unique<ReferenceModel>(m.ops.get(), *m.layout, g.tp.get(),
                                                           m.params.get(), g.coords.pp, v, mo));

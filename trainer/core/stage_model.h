@@ -29,9 +29,12 @@ struct ModelOptions {
   // Activation recomputation: the first `recompute_layers` layers of this chunk keep only their
   // input and run their forward again in the backward (Megatron's full granularity); with
   // `recompute_attention` the other layers drop the softmax matrix and recompute it (selective).
+  // With `recompute_norms` (selective, layernorm; the bf16 model) layers keep no norm outputs:
+  // the backward normalises their stored inputs again, into one buffer all layers share.
   // Dropout masks are functions of the sample, so recomputed activations are bitwise the same.
   int recompute_layers = 0;
   bool recompute_attention = false;
+  bool recompute_norms = false;
 };
 
 class StageModel {

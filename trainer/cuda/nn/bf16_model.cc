@@ -104,6 +104,7 @@ class Bf16Model final : public StageModel {
   std::vector<std::unique_ptr<Slot>> slots_;
   std::unique_ptr<TransformerLayer::Acts> shared_acts_;  // recomputed layers
   bf16* shared_act_ = nullptr;                           // --recompute-gelu
+  bf16* shared_norm_ = nullptr;                          // --recompute-modules layernorm
   bf16 *junk_ = nullptr, *lnf_full_ = nullptr, *dlnf_full_ = nullptr;
   bf16* dx_ = nullptr;  // the residual stream's gradient, this rank's rows
   bf16 *recv_input_, *recv_grad_;
@@ -264,6 +265,8 @@ Bf16Model::Slot& Bf16Model::GetSlot(int index) {
   LT_CUDA_CHECK(cudaMallocHost(&s->host_ids, 2 * n * sizeof(int32_t)));
   LT_CUDA_CHECK(cudaEventCreateWithFlags(&s->ids_copied, cudaEventDisableTiming));
   for (size_t l = 0; l <= layers_.size(); ++l) s->x.push_back(memory_.Alloc<bf16>(rows_l * h));
+  if (opt_.model.recompute_norms && shared_norm_ == nullptr)
+    shared_norm_ = memory_.Alloc<bf16>(n * h);
   for (const TransformerLayer& layer : layers_) {
     // With GELU recomputation every layer shares one activation buffer, rebuilt in the backward.
     if (opt_.recompute_gelu && shared_act_ == nullptr) {
@@ -272,11 +275,12 @@ Bf16Model::Slot& Bf16Model::GetSlot(int index) {
     }
     if (layer.recompute()) {
       if (!shared_acts_) {
-        shared_acts_ = std::make_unique<TransformerLayer::Acts>(layer.MakeActs(shared_act_));
+        shared_acts_ =
+            std::make_unique<TransformerLayer::Acts>(layer.MakeActs(shared_act_, shared_norm_));
       }
       s->acts.push_back(*shared_acts_);
     } else {
-      s->acts.push_back(layer.MakeActs(shared_act_));
+      s->acts.push_back(layer.MakeActs(shared_act_, shared_norm_));
     }
   }
   if (last_stage_) {
@@ -454,7 +458,9 @@ absl::StatusOr<std::unique_ptr<StageModel>> CreateBf16Model(const ckpt::ModelLay
       options.model.micro_batch, options.model.seq_length, c.num_attention_heads / p.tp,
       c.num_query_groups / p.tp, c.kv_channels,
       spec.layers.front().attention.interleaved_mha() ? QkvLayout::kInterleaved
-                                                      : QkvLayout::kGrouped);
+                                                      : QkvLayout::kGrouped,
+      options.deterministic ? FlashAttention::BackwardAlgo::kDeterministic
+                            : FlashAttention::BackwardAlgo::kFast);
   if (!attention.ok()) return attention.status();
   return std::unique_ptr<StageModel>(new Bf16Model(layout, params, options, std::move(*attention)));
 }

@@ -41,7 +41,8 @@ struct Bf16Options {
   // Under SP on two GPUs of one node, move the overlapped blocks by copy engine (else NCCL).
   bool tp_copy_engine = true;
   // Take cuBLASLt's heuristic algorithm for every product instead of timing candidates at the
-  // first call (--deterministic-mode): bitwise repeatable runs.
+  // first call, and cuDNN's deterministic attention backward (--deterministic-mode): bitwise
+  // repeatable runs.
   bool deterministic = false;
   // Time every op category on the device and print the table when the model goes
   // (--timing-log-level 2); the coarse split (compute, TP communication) is always measured.

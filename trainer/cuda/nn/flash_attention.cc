@@ -170,7 +170,8 @@ FlashAttention::FlashAttention(int64_t batch, int64_t seq, int64_t heads, int64_
 FlashAttention::~FlashAttention() = default;
 
 absl::StatusOr<std::unique_ptr<FlashAttention>> FlashAttention::Create(
-    int64_t batch, int64_t seq, int64_t heads, int64_t groups, int64_t head_dim, QkvLayout layout) {
+    int64_t batch, int64_t seq, int64_t heads, int64_t groups, int64_t head_dim, QkvLayout layout,
+    BackwardAlgo backward) {
   const std::string shape = absl::StrFormat("batch=%d seq=%d heads=%d groups=%d head_dim=%d", batch,
                                             seq, heads, groups, head_dim);
   if (batch <= 0 || seq <= 0 || heads <= 0 || groups <= 0 || head_dim <= 0)
@@ -223,7 +224,7 @@ absl::StatusOr<std::unique_ptr<FlashAttention>> FlashAttention::Create(
       if (auto st = BuildPlans(*g, impl->handle, "forward", shape, &fwd_ws); !st.ok()) return st;
       impl->fwd = std::move(g);
     }
-    {  // Backward: dQ, dK, dV = sdpa_backward(Q, K, V, O, dO, Stats), deterministic.
+    {  // Backward: dQ, dK, dV = sdpa_backward(Q, K, V, O, dO, Stats).
       auto g = NewGraph();
       auto q = Input(*g, "Q", kQ, s.dims(), s.q_strides(), fe::DataType_t::BFLOAT16);
       auto k = Input(*g, "K", kK, s.kv_dims(), s.kv_strides(), fe::DataType_t::BFLOAT16);
@@ -237,7 +238,7 @@ absl::StatusOr<std::unique_ptr<FlashAttention>> FlashAttention::Create(
                        .set_attn_scale(scale)
                        .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
                        .set_diagonal_band_right_bound(0)
-                       .set_deterministic_algorithm(true);
+                       .set_deterministic_algorithm(backward == BackwardAlgo::kDeterministic);
       auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, attrs);
       MarkOutput(dq, "dQ", kDQ, s.dims(), s.q_strides(), fe::DataType_t::BFLOAT16);
       MarkOutput(dk, "dK", kDK, s.kv_dims(), s.kv_strides(), fe::DataType_t::BFLOAT16);

@@ -37,23 +37,27 @@ bool FlashAttentionSupported(int64_t head_dim, int64_t groups, int64_t heads);
 
 // Causal self-attention, bf16 in/out, fp32 softmax statistics, scale 1/sqrt(head_dim), no dropout.
 // One object per shape: it owns a cuDNN handle (bound to MainStream()) and the built forward and
-// backward execution plans. Not thread-safe (a call reuses the object's variant packs). The
-// backward is cuDNN's deterministic one: runs and resumes are bitwise repeatable.
+// backward execution plans. Not thread-safe (a call reuses the object's variant packs).
 class FlashAttention final : public CoreAttention {
  public:
+  // cuDNN's deterministic backward makes runs and resumes bitwise repeatable; it keeps a
+  // [B, H, T, T]-sized bf16 buffer in the workspace and is slower with grouped queries. The
+  // other one accumulates dQ with atomics (Megatron's default unless --deterministic-mode).
+  enum class BackwardAlgo { kDeterministic, kFast };
   // Builds, checks support for, and caches the forward and backward execution plans for this
   // shape. Returns an error naming the shape and cuDNN's message when cuDNN cannot run it (e.g.
   // groups != heads, unsupported head dim, no usable device).
   static absl::StatusOr<std::unique_ptr<FlashAttention>> Create(
       int64_t batch, int64_t seq, int64_t heads, int64_t groups, int64_t head_dim,
-      QkvLayout layout = QkvLayout::kInterleaved);
+      QkvLayout layout = QkvLayout::kInterleaved,
+      BackwardAlgo backward = BackwardAlgo::kDeterministic);
   ~FlashAttention() override;
   FlashAttention(const FlashAttention&) = delete;
   FlashAttention& operator=(const FlashAttention&) = delete;
 
   // Device scratch Forward and Backward need (the larger of the two; may be 0, then `workspace`
   // may be null). The deterministic backward keeps a bf16 [B, H, T, T]-sized dP buffer here
-  // (T rounded up to 64), so it grows with B·H·T².
+  // (T rounded up to 64), so it grows with B·H·T²; the fast one needs little.
   size_t workspace_bytes() const override;
 
   int64_t batch() const { return batch_; }
@@ -65,8 +69,8 @@ class FlashAttention final : public CoreAttention {
   // execution error.
   void Forward(bf16* out, float* stats, const bf16* qkv, void* workspace) override;
   // dqkv = (not +=) the gradient in qkv's layout, from dout [B, T, H·D] and the forward's qkv,
-  // out and stats. Deterministic (bitwise-repeatable): built with cuDNN's deterministic backward.
-  // Aborts with a message on a cuDNN execution error.
+  // out and stats. Bitwise-repeatable when built with BackwardAlgo::kDeterministic. Aborts with a
+  // message on a cuDNN execution error.
   void Backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out, const float* stats,
                 void* workspace) override;
 

@@ -14,16 +14,17 @@ TransformerLayer::TransformerLayer(const ModuleContext& ctx, const LayerSpec& sp
       attention_(ctx, spec, shard, core, w),
       mlp_(ctx, spec, shard, w) {}
 
-TransformerLayer::Acts TransformerLayer::MakeActs(bf16* shared_act) const {
+TransformerLayer::Acts TransformerLayer::MakeActs(bf16* shared_act, bf16* shared_norm) const {
   DeviceMemory& m = *ctx_.memory;
   const RowGeometry& g = ctx_.rows();
   const int64_t n = g.rows, h = g.hidden;
   Acts a;
-  a.ln1 = m.Alloc<bf16>(n * h);
+  a.norms_recomputed = shared_norm != nullptr;
+  a.ln1 = a.norms_recomputed ? shared_norm : m.Alloc<bf16>(n * h);
   a.attention.qkv = m.Alloc<bf16>(n * shard_.qkv_width);
   a.attention.att = m.Alloc<bf16>(n * shard_.attn_width);
   a.mid = m.Alloc<bf16>(g.local_rows * h);
-  a.ln2 = m.Alloc<bf16>(n * h);
+  a.ln2 = a.norms_recomputed ? shared_norm : m.Alloc<bf16>(n * h);
   a.mlp.pre = m.Alloc<bf16>(n * shard_.fc1_width);
   a.mlp.act = shared_act != nullptr ? shared_act : m.Alloc<bf16>(n * shard_.ffn);
   a.ln1_stats = {m.Alloc<float>(g.local_rows), m.Alloc<float>(g.local_rows)};
@@ -59,13 +60,22 @@ bf16* TransformerLayer::Backward(bf16* dx, bf16* dmlp_out, const bf16* x, const 
                                  const HiddenDropout& attention_drop,
                                  const HiddenDropout& input_drop) const {
   TensorParallel& tp = ctx_.tp();
+  if (a.norms_recomputed) RenormAll(pre_mlp_norm_, a.mid, a.ln2, a.ln2_stats);
   mlp_.Backward(dmlp_out, a.ln2, a.mlp, ctx_.dln);
   bf16* dattention_out =
       pre_mlp_norm_.Backward(dx, tp.LocalRows(ctx_.dln), dx, a.mid, a.ln2_stats, attention_drop);
+  if (a.norms_recomputed) RenormAll(input_norm_, x, a.ln1, a.ln1_stats);
   attention_.Backward(dattention_out, a.ln1, a.attention, ctx_.dln);
   bf16* dinput = input_norm_.Backward(dx, tp.LocalRows(ctx_.dln), dx, x, a.ln1_stats, input_drop);
   ctx_.prof().End();
   return dinput;
+}
+
+void TransformerLayer::RenormAll(const Norm& norm, const bf16* in, bf16* out,
+                                 const Norm::Stats& stats) const {
+  TensorParallel& tp = ctx_.tp();
+  norm.Forward(nullptr, {in, nullptr}, nullptr, tp.LocalRows(out), stats, HiddenDropout{},
+               tp.sequence_parallel() ? out : nullptr);
 }
 
 }  // namespace leantron::trainer::cuda

@@ -17,7 +17,10 @@ class TransformerLayer {
   // One micro-batch's activations of the layer (a shared set for recomputed layers).
   struct Acts {
     bf16 *ln1 = nullptr, *ln2 = nullptr;  // the norms' outputs, all rows
-    bf16* mid = nullptr;                  // the residual stream between the blocks, local rows
+    // Selective recomputation (layernorm): ln1 and ln2 are one buffer every layer shares, and
+    // the backward normalises x and mid again before it reads them.
+    bool norms_recomputed = false;
+    bf16* mid = nullptr;  // the residual stream between the blocks, local rows
     Norm::Stats ln1_stats, ln2_stats;
     AttentionBlock::Acts attention;
     MlpBlock::Acts mlp;
@@ -29,8 +32,9 @@ class TransformerLayer {
   bool recompute() const { return recompute_; }
   const Norm& input_norm() const { return input_norm_; }
   // Activations for one micro-batch; `shared_act`, when given, is the MLP activation buffer every
-  // layer shares (GELU recomputation).
-  Acts MakeActs(bf16* shared_act) const;
+  // layer shares (GELU recomputation), `shared_norm` the norm output buffer (all rows, hidden
+  // wide) every layer shares (norm recomputation).
+  Acts MakeActs(bf16* shared_act, bf16* shared_norm) const;
 
   // The input norm: x = residual + dropout(branch) into x_out (or x = branch.local without a
   // residual), then a.ln1 (this rank's rows; the QKV product gathers the rest).
@@ -52,6 +56,10 @@ class TransformerLayer {
                  const HiddenDropout& attention_drop, const HiddenDropout& input_drop) const;
 
  private:
+  // out (all rows; this rank's computed, the rest gathered under SP) = norm(in), in being what
+  // the forward normalised (no residual add left); the stats are rewritten with equal values.
+  void RenormAll(const Norm& norm, const bf16* in, bf16* out, const Norm::Stats& stats) const;
+
   const ModuleContext& ctx_;
   LayerTensors<bf16> w_;
   LayerShard shard_;
