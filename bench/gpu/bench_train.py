@@ -26,6 +26,9 @@ GPT_SEQ, GPT_VOCAB = 1024, 50304  # 50257 padded to a multiple of 128
 LLAMA = {
     "llama-1B": dict(layers=16, hidden=2048, heads=32, kv_heads=8, ffn=8192, vocab=128256,
                      tied=True, seq=4096, rope_base=500000, rope_scaling=32.0),
+    # Llama-3-8B: untied, no rope scaling; on 2 GPUs with --nproc 2 and TP2+SP in --extra.
+    "llama-8B": dict(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256,
+                     tied=False, seq=8192, rope_base=500000, rope_scaling=None),
     "llama-3B": dict(layers=28, hidden=3072, heads=24, kv_heads=8, ffn=8192, vocab=128256,
                      tied=True, seq=4096, rope_base=500000, rope_scaling=32.0),
 }
@@ -61,10 +64,13 @@ def shape(name):
     return flags, GPT_SEQ, flops_per_token(layers, h, GPT_SEQ, GPT_VOCAB, 4 * h, heads)
 
 
-def run_ours(bin_dir, name, mb, iters, extra):
+def run_ours(bin_dir, name, mb, iters, extra, nproc=1):
+    """One run of train; with nproc > 1 (model-parallel flags in `extra`, data-parallel size 1)
+    tokens/s, TFLOP/s and MFU are per GPU, memory the last rank's."""
     flags, seq, per_token = shape(name)
-    cmd = [str(Path(bin_dir) / "train"), "--bf16", "--mock-data", "--tokenizer-type",
-           "NullTokenizer"] + flags + [
+    launch = ["--nproc-per-node", str(nproc)] if nproc > 1 else []
+    cmd = [str(Path(bin_dir) / "train"), "--bf16"] + launch + [
+           "--mock-data", "--tokenizer-type", "NullTokenizer"] + flags + [
            "--micro-batch-size", str(mb), "--global-batch-size", str(mb), "--train-iters",
            str(iters), "--log-interval", "5", "--log-throughput", "--lr", "1e-4", "--min-lr",
            "1e-5", "--lr-decay-style", "cosine", "--hidden-dropout", "0", "--attention-dropout",
@@ -78,10 +84,11 @@ def run_ours(bin_dir, name, mb, iters, extra):
     mem = re.search(r"GPU in use: (\d+) \| of which parameters (\d+), gradients (\d+), Adam state "
                     r"(\d+), bf16 weights, activations and workspaces (\d+)", proc.stdout)
     alloc_mib = sum(int(mem.group(i)) for i in range(2, 6)) if mem else -1
-    tokens = mb * seq
+    tokens = mb * seq / nproc
     tflops = per_token * tokens / ms_step / 1e9
     loss = re.findall(r"lm loss: ([\d.E+-]+)", proc.stdout)
-    out = {"peer": "leantron train --bf16" + (" " + " ".join(extra) if extra else ""),
+    out = {"peer": "leantron train --bf16" + (f" ({nproc} GPUs)" if nproc > 1 else "") +
+           (" " + " ".join(extra) if extra else ""),
            "model": name, "micro_batch": mb, "ms_per_step": round(ms_step, 1),
            "tokens_per_s": round(tokens / ms_step * 1000), "tflops": round(tflops, 1),
            "mfu": round(tflops / 989 * 100, 1), "peak_gib": round(alloc_mib / 1024, 1),
@@ -133,6 +140,8 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--peer", choices=["compile", "eager", "none"], default="compile")
     ap.add_argument("--extra", default="", help="extra flags for train (space-separated)")
+    ap.add_argument("--nproc", type=int, default=1,
+                    help="GPUs per run of ours (with TP/PP flags in --extra; the peer runs on one)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     lines = ["| run | model | micro-batch | ms/step | tok/s | TFLOP/s | MFU | peak memory |",
@@ -141,7 +150,7 @@ def main():
     results = []
     for spec in a.runs.split(","):
         name, mb = spec.split(":")
-        ours = run_ours(a.bin, name, int(mb), a.iters, a.extra.split())
+        ours = run_ours(a.bin, name, int(mb), a.iters, a.extra.split(), a.nproc)
         results.append(ours)
         lines.append(row(ours))
         print(lines[-1], flush=True)

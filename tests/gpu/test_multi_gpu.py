@@ -1,7 +1,8 @@
 """Two-GPU tests (device kind nvidia-h200-x2; scripts/device_check.sh multi): the bf16 model under
 DP2 (plain, overlapped gradient reduce, distributed optimizer with and without overlap; by copy
 engine and by NCCL; gradients reduced in fp32 and in bf16), TP2, TP2+SP and PP2 (1F1B and
-interleaved) against one GPU within bf16 tolerance over 50 steps; the float32 model over NCCL
+interleaved) against one GPU within bf16 tolerance over 50 steps, and Llama layers under DP2 with
+the distributed optimizer, TP2, TP2+SP and interleaved PP2; the float32 model over NCCL
 (TP2+SP, interleaved PP2) against one GPU; resuming a checkpoint under another layout; and a
 killed rank stopping the other instead of hanging."""
 import os
@@ -111,6 +112,28 @@ def test_bf16_layouts_match_one_gpu(dataset, one_gpu_bf16, name):
     if name.startswith("dp2"):
         nccl = "--no-dp-copy-engine" in extra
         assert f"by {'NCCL' if nccl else 'copy engine'}" in proc.stdout
+
+
+# Llama layers (RMSNorm, SwiGLU, RoPE, grouped queries: 4 heads of 32, 2 key/value heads, untied,
+# no biases): TP2 splits the query groups, so each rank holds one group and two query heads.
+LLAMA = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
+         "--num-attention-heads", "4", "--group-query-attention", "--num-query-groups", "2",
+         "--untie-embeddings-and-output-weights", "--disable-bias-linear"]
+LLAMA_LAYOUTS = ["dp2-distopt", "tp2", "tp2-sp", "pp2-interleaved"]
+
+
+@pytest.fixture(scope="module")
+def one_gpu_llama(dataset):
+    return losses(run_train(common(dataset) + ["--bf16"] + LLAMA))
+
+
+@pytest.mark.parametrize("name", LLAMA_LAYOUTS)
+def test_bf16_llama_layouts_match_one_gpu(dataset, one_gpu_llama, name):
+    proc = run_train(common(dataset) + ["--bf16"] + LLAMA + LAYOUTS[name], nproc=2)
+    got, valid = losses(proc)
+    assert_close(got, one_gpu_llama[0], 0.01, 0.02)
+    for it, v in one_gpu_llama[1].items():
+        assert valid[it] == pytest.approx(v, rel=0.02)
 
 
 @pytest.mark.parametrize("extra", [["--tensor-model-parallel-size", "2", "--sequence-parallel"],
