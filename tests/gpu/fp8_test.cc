@@ -1,0 +1,238 @@
+// FP8 casts and products against host models written from the formats' definitions (OCP 8-bit
+// floating point: E4M3 with bias 7, largest finite 448, no infinity, NaN S.1111.111; E5M2 with
+// bias 15, largest finite 57344): casts bit for bit (rounding to nearest even, saturation,
+// subnormals, NaN, signed zeros), the transposed copy, absolute maxima, the scale update, and
+// cuBLASLt's FP8 products against the float64 product of the dequantised operands.
+#include "trainer/cuda/kernels/fp8.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "tests/gpu/gpu_test_util.h"
+#include "trainer/cuda/fp8_matmul.h"
+
+namespace leantron::trainer::cuda {
+namespace {
+
+using namespace testutil;
+
+struct Fp8Spec {
+  int exp_bits, man_bits, bias;
+  double max_finite;
+};
+Fp8Spec SpecOf(Fp8Format f) {
+  return f == Fp8Format::kE4M3 ? Fp8Spec{4, 3, 7, 448.0} : Fp8Spec{5, 2, 15, 57344.0};
+}
+
+// The value an FP8 byte encodes.
+double Decode(uint8_t q, Fp8Format f) {
+  const Fp8Spec s = SpecOf(f);
+  const int sign = q >> 7, e = (q >> s.man_bits) & ((1 << s.exp_bits) - 1),
+            mant = q & ((1 << s.man_bits) - 1);
+  const int emax = (1 << s.exp_bits) - 1;
+  if (f == Fp8Format::kE4M3 && e == emax && mant == (1 << s.man_bits) - 1) return NAN;
+  if (f == Fp8Format::kE5M2 && e == emax) return mant != 0 ? NAN : (sign ? -INFINITY : INFINITY);
+  const double v = e == 0 ? std::ldexp(mant, 1 - s.bias - s.man_bits)
+                          : std::ldexp((1 << s.man_bits) + mant, e - s.bias - s.man_bits);
+  return sign ? -v : v;
+}
+
+// The value fp8(x) takes: round to nearest even on the format's grid, saturate to the largest
+// finite value (infinities included), NaN stays NaN; then its float, sign of zero kept.
+double RoundFp8(float x, Fp8Format f) {
+  const Fp8Spec s = SpecOf(f);
+  if (std::isnan(x)) return NAN;
+  const double a = std::fabs(static_cast<double>(x));
+  double r;
+  if (a >= s.max_finite) {
+    r = s.max_finite;
+  } else {
+    const int e = a == 0 ? 0 : std::ilogb(a);
+    const int q_exp = std::max(e, 1 - s.bias) - s.man_bits;        // the grid's step is 2^q_exp
+    r = std::ldexp(std::nearbyint(std::ldexp(a, -q_exp)), q_exp);  // nearbyint: ties to even
+    r = std::min(r, s.max_finite);
+  }
+  return std::signbit(x) ? -r : r;
+}
+
+bool SameValue(double a, double b) {
+  return (std::isnan(a) && std::isnan(b)) || (a == b && std::signbit(a) == std::signbit(b));
+}
+
+// Inputs that probe every case: zeros, the smallest subnormals and halfway points between them,
+// the subnormal/normal boundary, ties to even, the largest finite value and beyond, infinities,
+// NaN; then random values over the whole range.
+std::vector<float> Probes(Fp8Format f) {
+  const Fp8Spec s = SpecOf(f);
+  const double tiny = std::ldexp(1.0, 1 - s.bias - s.man_bits);  // smallest subnormal
+  const double min_normal = std::ldexp(1.0, 1 - s.bias);
+  std::vector<double> v = {0.0,
+                           -0.0,
+                           tiny,
+                           tiny / 2,
+                           tiny * 0.51,
+                           tiny * 1.5,
+                           tiny * 2.5,
+                           min_normal,
+                           min_normal * (1 - 1.0 / 32),
+                           1.0,
+                           1.0 + 1.0 / (2 << s.man_bits),
+                           1.0 + 3.0 / (2 << s.man_bits),
+                           s.max_finite,
+                           s.max_finite * 1.03,
+                           s.max_finite * 1.2,
+                           1e30,
+                           INFINITY,
+                           NAN};
+  std::vector<float> out;
+  for (double x : v) {
+    out.push_back(static_cast<float>(x));
+    out.push_back(static_cast<float>(-x));
+  }
+  const auto r = Rand(4000, 170);
+  for (size_t i = 0; i < r.size(); ++i)
+    out.push_back(r[i] * static_cast<float>(std::ldexp(1.0, static_cast<int>(i % 40) - 24)));
+  return out;
+}
+
+class Fp8Test : public GpuTest {};
+
+TEST_F(Fp8Test, CastsRoundSaturateAndTransposeBitForBit) {
+  for (Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
+    for (float scale : {1.0f, 0.375f}) {
+      SCOPED_TRACE(testing::Message()
+                   << (f == Fp8Format::kE4M3 ? "E4M3" : "E5M2") << " scale " << scale);
+      std::vector<float> x = Probes(f);
+      const int64_t cols = 37, rows = static_cast<int64_t>(x.size() + cols - 1) / cols;
+      x.resize(rows * cols, 0.5f);
+      Dev<float> dx(x), dscale(std::vector<float>{scale});
+      Dev<uint8_t> q(x.size()), qt(x.size());
+      Dev<float> amax(std::vector<float>{0.0f});
+      CastToFp8<float>(q.get(), qt.get(), amax.get(), dx.get(), rows, cols, dscale.get(), f,
+                       MainStream());
+      const auto got = q.Download(), got_t = qt.Download();
+      size_t bad = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        const double want = RoundFp8(x[i] * scale, f);
+        if (!SameValue(Decode(got[i], f), want) && bad++ < 5)
+          ADD_FAILURE() << "x " << x[i] << " x scale " << x[i] * scale << ": got "
+                        << Decode(got[i], f) << " want " << want;
+      }
+      EXPECT_EQ(bad, 0u);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c)
+          ASSERT_EQ(got_t[c * rows + r], got[r * cols + c]) << r << "," << c;
+      float want_amax = 0;
+      for (float v : x)
+        if (!std::isnan(v)) want_amax = std::max(want_amax, std::fabs(v));
+      EXPECT_EQ(amax.Download()[0], want_amax);
+    }
+  }
+}
+
+// bf16 inputs (what the model casts): the same rounding from bf16's values; AbsMax alone.
+TEST_F(Fp8Test, Bf16InputsAndAbsMax) {
+  std::vector<float> x = RoundT<bf16>(Rand(64 * 48, 171, 40.0f));
+  x[5] = -900.0f;  // above E4M3's range
+  Dev<bf16> dx(ToT<bf16>(x));
+  Dev<float> dscale(std::vector<float>{1.0f}), amax(std::vector<float>{0.0f});
+  Dev<uint8_t> q(x.size());
+  CastToFp8<bf16>(q.get(), nullptr, nullptr, dx.get(), 64, 48, dscale.get(), Fp8Format::kE4M3,
+                  MainStream());
+  const auto got = q.Download();
+  for (size_t i = 0; i < x.size(); ++i)
+    ASSERT_TRUE(SameValue(Decode(got[i], Fp8Format::kE4M3), RoundFp8(x[i], Fp8Format::kE4M3))) << i;
+  AbsMax<bf16>(amax.get(), dx.get(), x.size(), MainStream());
+  EXPECT_EQ(amax.Download()[0], 900.0f);
+  // Back: the dequantised values as float.
+  Dev<float> back(x.size()), inv(std::vector<float>{2.0f});
+  CastFromFp8<float>(back.get(), q.get(), x.size(), inv.get(), Fp8Format::kE4M3, MainStream());
+  const auto b = back.Download();
+  for (size_t i = 0; i < x.size(); ++i)
+    ASSERT_EQ(b[i], static_cast<float>(2.0 * RoundFp8(x[i], Fp8Format::kE4M3))) << i;
+}
+
+// TransformerEngine's update: scale = max / amax / 2^margin; amax 0, inf or NaN keep the scale.
+TEST_F(Fp8Test, ScaleUpdate) {
+  for (float amax_v : {3.5f, 0.0f, INFINITY, NAN}) {
+    Dev<float> scale(std::vector<float>{7.0f}), inv(std::vector<float>{1.0f / 7}),
+        amax(std::vector<float>{amax_v});
+    ComputeFp8Scale(scale.get(), inv.get(), amax.get(), Fp8Format::kE5M2, 1.0f, MainStream());
+    const float want = amax_v == 3.5f ? 57344.0f / 3.5f / 2.0f : 7.0f;
+    EXPECT_EQ(scale.Download()[0], want) << amax_v;
+    EXPECT_EQ(inv.Download()[0], amax_v == 3.5f ? 1.0f / want : 1.0f / 7) << amax_v;
+  }
+}
+
+// D = sa·sb·A·Bᵀ for each operand pairing the recipes use (E4M3 x E4M3; E4M3 x E5M2 either way),
+// bf16 out and fp32 accumulation, against the float64 product of the decoded operands. Every
+// product of two FP8 values is exact; Hopper's FP8 tensor cores add them in an accumulator of
+// about 14 bits (cuBLASLt moves the partial sums to fp32 between instructions unless fast_accum),
+// so the bound is 2^-12 (2^-11 with fast_accum) of Σ|a·b|, plus the output's own rounding
+// (bf16: 2^-8 relative).
+TEST_F(Fp8Test, ProductsMatchTheDequantisedProduct) {
+  struct Case {
+    Fp8Format a, b;
+    cudaDataType_t d;
+    bool accumulate, fast;
+  };
+  const int64_t m = 96, n = 80, k = 128;
+  for (const Case& c : {Case{Fp8Format::kE4M3, Fp8Format::kE4M3, CUDA_R_16BF, false, true},
+                        Case{Fp8Format::kE5M2, Fp8Format::kE4M3, CUDA_R_16BF, false, false},
+                        Case{Fp8Format::kE4M3, Fp8Format::kE5M2, CUDA_R_32F, true, false}}) {
+    SCOPED_TRACE(testing::Message() << "a " << int(c.a) << " b " << int(c.b) << " fp32 "
+                                    << (c.d == CUDA_R_32F) << " fast " << c.fast);
+    const auto xa = Rand(m * k, 172, 3.0f), xb = Rand(n * k, 173, 3.0f);
+    Dev<float> da(xa), db(xb), one(std::vector<float>{1.0f});
+    Dev<uint8_t> qa(m * k), qb(n * k);
+    CastToFp8<float>(qa.get(), nullptr, nullptr, da.get(), m, k, one.get(), c.a, MainStream());
+    CastToFp8<float>(qb.get(), nullptr, nullptr, db.get(), n, k, one.get(), c.b, MainStream());
+    const float sa = 0.5f, sb = 4.0f;
+    Dev<float> dsa(std::vector<float>{sa}), dsb(std::vector<float>{sb});
+    const auto ha = qa.Download(), hb = qb.Download();
+    std::vector<float> init = Rand(m * n, 174);
+    std::vector<double> want(m * n), bound(m * n);
+    const double accum = std::ldexp(1.0, c.fast ? -11 : -12);
+    const double out_rel = c.d == CUDA_R_32F ? std::ldexp(1.0, -22) : std::ldexp(1.0, -8);
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t i = 0; i < m; ++i) {
+        double sum = 0, abs_sum = 0;
+        for (int64_t t = 0; t < k; ++t) {
+          const double p = Decode(ha[i * k + t], c.a) * Decode(hb[j * k + t], c.b);
+          sum += p;
+          abs_sum += std::fabs(p);
+        }
+        const double w = sa * sb * sum + (c.accumulate ? init[j * m + i] : 0);
+        want[j * m + i] = w;
+        bound[j * m + i] = accum * sa * sb * abs_sum + out_rel * std::fabs(w) + 1e-30;
+      }
+    }
+    auto check = [&](const std::vector<float>& got) {
+      double worst = 0;
+      size_t bad = 0;
+      for (size_t e = 0; e < got.size(); ++e) {
+        const double r = std::fabs(got[e] - want[e]) / bound[e];
+        worst = std::max(worst, r);
+        bad += !(r <= 1.0);
+      }
+      EXPECT_EQ(bad, 0u) << "worst |got - want| / bound " << worst;
+      std::printf("FP8 product: worst |got - want| / bound %.3f\n", worst);
+    };
+    Fp8Matmul mm;
+    if (c.d == CUDA_R_32F) {
+      Dev<float> d(init);
+      mm.Gemm(m, n, k, {qa.get(), c.a, dsa.get()}, {qb.get(), c.b, dsb.get()}, d.get(), c.d, m,
+              c.accumulate, c.fast);
+      check(d.Download());
+    } else {
+      Dev<bf16> d(m * n);
+      mm.Gemm(m, n, k, {qa.get(), c.a, dsa.get()}, {qb.get(), c.b, dsb.get()}, d.get(), c.d, m,
+              c.accumulate, c.fast);
+      check(DownF(d));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace leantron::trainer::cuda
