@@ -1,6 +1,8 @@
 // The bf16 model's matrix products in isolation, on the device: for each (shape, epilogue) the
 // time of Matmul's choice and of every algorithm cuBLASLt's heuristic offers (best shown), in
-// TFLOP/s. Tells whether a slow product is the shape's limit or a poor algorithm choice.
+// TFLOP/s. Tells whether a slow product is the shape's limit or a poor algorithm choice. Then the
+// same linear layers' products in FP8 (Fp8Matmul: E4M3, E5M2 gradients as Megatron's hybrid
+// format) and what the casts feeding them cost (a scaled cast of the input with its transpose).
 //   bench_gemm [tokens hidden ffn vocab_rows vocab]   (defaults: GPT-2 774M, micro-batch 32)
 #include <cstdio>
 #include <cstdlib>
@@ -8,9 +10,14 @@
 #include <vector>
 
 #include "trainer/cuda/cuda_util.h"
+#include "trainer/cuda/fp8_matmul.h"
+#include "trainer/cuda/kernels/fp8.h"
 #include "trainer/cuda/matmul.h"
 
 using leantron::trainer::cuda::bf16;
+using leantron::trainer::cuda::CastToFp8;
+using leantron::trainer::cuda::Fp8Format;
+using leantron::trainer::cuda::Fp8Matmul;
 using leantron::trainer::cuda::MainStream;
 using leantron::trainer::cuda::Matmul;
 
@@ -59,8 +66,9 @@ int main(int argc, char** argv) {
   auto* db = static_cast<float*>(Buffer(static_cast<size_t>(std::max(ffn, 3 * h)) * 4));
   struct Row {
     std::string name;
-    double flops;
+    double flops;  // 0: a memory-bound pass of `bytes`
     float ms;
+    double bytes = 0;
   };
   std::vector<Row> rows;
   auto add = [&](const std::string& name, int64_t mm_, int64_t kk, int64_t nn, auto f) {
@@ -85,11 +93,47 @@ int main(int argc, char** argv) {
   add("head fwd", vrows, h, vocab, [&] { mm.Forward(y, x, w, nullptr, vrows, h, vocab); });
   add("head dgrad", vrows, h, vocab, [&] { mm.BackwardData(y, x, w, vrows, h, vocab); });
   add("head wgrad", vrows, h, vocab, [&] { mm.BackwardWeight(dw, x, y, vrows, h, vocab); });
+  // FP8: operands K-contiguous (fwd: in, W; dgrad: dout, Wᵀ; wgrad: inᵀ, doutᵀ), unit scales.
+  Fp8Matmul f8;
+  auto* q1 = static_cast<uint8_t*>(Buffer(big));
+  auto* q2 = static_cast<uint8_t*>(Buffer(big));
+  auto* qt = static_cast<uint8_t*>(Buffer(big));
+  auto* one = static_cast<float*>(Buffer(sizeof(float)));
+  auto* amax = static_cast<float*>(Buffer(sizeof(float)));
+  {
+    const float v = 1.0f;
+    LT_CUDA_CHECK(cudaMemcpy(one, &v, sizeof(v), cudaMemcpyHostToDevice));
+  }
+  const Fp8Format e4 = Fp8Format::kE4M3, e5 = Fp8Format::kE5M2;
+  for (const Lin& l : {Lin{"qkv", h, 3 * h}, Lin{"fc1", h, ffn}, Lin{"fc2", ffn, h}}) {
+    const std::string n = std::string(l.name) + " fp8";
+    add(n + " fwd", m, l.k, l.n, [&] {
+      f8.Gemm(l.n, m, l.k, {q1, e4, one}, {q2, e4, one}, y, CUDA_R_16BF, l.n, false, true);
+    });
+    add(n + " dgrad", m, l.k, l.n, [&] {
+      f8.Gemm(l.k, m, l.n, {q1, e4, one}, {q2, e5, one}, y, CUDA_R_16BF, l.k, false, false);
+    });
+    add(n + " wgrad", m, l.k, l.n, [&] {
+      f8.Gemm(l.k, l.n, m, {q1, e4, one}, {q2, e5, one}, dw, CUDA_R_32F, l.k, true, false);
+    });
+    // The cast of the product's input [m, k] with its transpose (for the weight gradient): bf16
+    // read once, FP8 written twice.
+    rows.push_back({n + " cast+T in", 0.0, TimeMs([&] {
+                      CastToFp8<bf16>(q1, qt, amax, x, m, l.k, one, e4,
+                                      leantron::trainer::cuda::MainStream());
+                    }),
+                    4.0 * m * l.k});
+  }
   std::printf("tokens %ld hidden %ld ffn %ld (head: %ld rows x vocab %ld)\n", long(m), long(h),
               long(ffn), long(vrows), long(vocab));
   for (const Row& r : rows) {
-    std::printf("  %-18s %8.3f ms  %6.1f TFLOP/s\n", r.name.c_str(), r.ms,
-                r.flops / (r.ms * 1e-3) / 1e12);
+    if (r.flops == 0) {
+      std::printf("  %-18s %8.3f ms  %6.0f GB/s\n", r.name.c_str(), r.ms,
+                  r.bytes / (r.ms * 1e-3) / 1e9);
+    } else {
+      std::printf("  %-18s %8.3f ms  %6.1f TFLOP/s\n", r.name.c_str(), r.ms,
+                  r.flops / (r.ms * 1e-3) / 1e12);
+    }
   }
   return 0;
 }
