@@ -27,11 +27,13 @@ the range where ranks differ. Rows whose world size (DP x TP x PP x CP) exceeds 
 are printed as "needs N GPUs".
 
     python3 bench/gpu/tutorial_tables.py [--table dp|tp-weak|tp-strong|sp-ra|cp|pp|ep]
-        [--only R1,R3 | dp:R8,pp:R7] [--iters N] [--gpus N] [--makefile] [--out FILE]
-        [--log-dir DIR] [--dry-run]
+        [--only R1,R3 | dp:R8,pp:R7] [--world 1,2,4,8] [--iters N] [--gpus N] [--makefile]
+        [--row-timeout S] [--out FILE] [--log-dir DIR] [--dry-run]
 On the device machine: bash scripts/device_check.sh tutorial [args] (writes $OUT/tutorial.md).
-`--makefile` runs, for the rows where the tutorial's Makefile launches something else than its
-image shows, what the Makefile launches. `--dry-run` prints every selected row's command.
+`--world` keeps the rows of those world sizes. `--makefile` runs, for the rows where the
+tutorial's Makefile launches something else than its image shows, what the Makefile launches.
+`--dry-run` prints every selected row's command and an estimate of its wall time (start-up,
+initialisation, iterations at Megatron's pace), to plan device calls of at most 10 minutes.
 """
 import argparse
 import dataclasses
@@ -330,7 +332,7 @@ def layout(row):
     return " ".join(parts) or "1 GPU"
 
 
-def select(table, only):
+def select(table, only, world=""):
     tables = [ALIASES.get(t, t) for t in table.split(",")] if table else list(TABLES)
     for t in tables:
         if t not in TABLES:
@@ -343,7 +345,25 @@ def select(table, only):
         for w in want:
             if w not in known:
                 raise SystemExit(f"unknown row {w}")
+    if world:
+        sizes = {int(w) for w in world.split(",")}
+        rows = [r for r in rows if r.world in sizes]
     return rows
+
+
+def parameters(row):
+    """Dense parameters (MoE rows: the dense model's), tied embedding counted once."""
+    m = row.model
+    q = m.heads * m.kv_channels
+    layer = m.hidden * 3 * q + 3 * q + q * m.hidden + 2 * m.hidden * m.ffn + m.ffn + 6 * m.hidden
+    return m.layers * layer + (row.padded_vocab() + m.seq + 2) * m.hidden
+
+
+def estimate_s(row, iters):
+    """Wall time of a row, for planning device calls: start-up, initialisation (train draws the
+    normals of its stage's full tensors on the host, one core, on every TP rank: about 30 M/s),
+    the iterations at Megatron's step time (1 s where Megatron ran out of memory)."""
+    return 15 + parameters(row) / row.pp / 30e6 + iters * (row.step_ms or 1000) / 1000
 
 
 # ------------------------------------------------------------------------------------ running
@@ -492,6 +512,7 @@ def main():
     ap.add_argument("--table", default="", help="dp, tp-weak, tp-strong, sp-ra, cp, pp, ep "
                     "(comma-separated; default all)")
     ap.add_argument("--only", default="", help="rows: R1,R3 (in the tables chosen) or dp:R8,pp:R7")
+    ap.add_argument("--world", default="", help="only rows of these world sizes (e.g. 2 or 4,8)")
     ap.add_argument("--iters", type=int, default=100, help="iterations per row (tutorial: 100)")
     ap.add_argument("--gpus", type=int, default=None, help="GPUs to use (default: nvidia-smi -L)")
     ap.add_argument("--makefile", action="store_true",
@@ -501,17 +522,20 @@ def main():
     ap.add_argument("--log-dir", default=None, help="each row's full train log")
     ap.add_argument("--dry-run", action="store_true", help="print each row's command only")
     args = ap.parse_args()
-    rows = [as_launched(r, args.makefile) for r in select(args.table, args.only)]
+    rows = [as_launched(r, args.makefile) for r in select(args.table, args.only, args.world)]
     flags = known_flags(args.bin)
     if args.dry_run:
+        total = 0
         for r in rows:
             missing = missing_flags(r, flags)
-            est = 20 + args.iters * (r.step_ms or 1000) / 1000
-            print(f"{r.key} | {r.world} GPUs | ~{est / 60:.1f} min | "
+            est = 0 if missing else estimate_s(r, args.iters)
+            total += est
+            print(f"{r.key} | {r.world} GPUs | ~{est:.0f} s | "
                   f"{'not implemented: ' + ' '.join(missing) if missing else 'runs'} | "
                   f"$ {shlex.join(command(args.bin, r, args.iters))}")
             if r.note:
                 print(f"    note: {r.note}")
+        print(f"{len(rows)} rows, about {total:.0f} s for those that run ({args.iters} iterations)")
         return 0
     if flags is None:
         raise SystemExit(f"no train binary in {args.bin} (--bin)")

@@ -188,3 +188,20 @@ def test_selection_and_megatron_figures():
     # Padded vocabulary as Megatron's 128 x TP: 50304 / 50432 / 50688 / 51200.
     pad = {r.tp: r.padded_vocab() for r in tt.ROWS}
     assert pad == {1: 50304, 2: 50432, 4: 50688, 8: 51200}
+
+
+def test_world_sizes_as_the_spec_lists_them():
+    """§10 of the spec: which rows run on 1, 2 and 4 GPUs (every other row needs 8)."""
+    want = {
+        1: ["dp:R1", "dp:R3", "dp:R4", "dp:R7", "tp-weak:R1", "tp-weak:R5", "tp-strong:R11",
+            "tp-strong:R15", "cp:R0", "cp:R1"],
+        2: ["dp:R8", "tp-weak:R2", "tp-weak:R6", "tp-strong:R12", "tp-strong:R16", "cp:R2"],
+        4: ["dp:R2", "dp:R5", "dp:R6", "dp:R9", "tp-weak:R3", "tp-weak:R7", "tp-strong:R13",
+            "tp-strong:R17", "cp:R3"],
+    }
+    for world, keys in want.items():
+        assert sorted(dry_run("--world", str(world))) == sorted(keys), world
+    every = dry_run()
+    eight = dry_run("--world", "8")
+    assert sorted(eight) == sorted(k for k in every if all(k not in v for v in want.values()))
+    assert all(world == 8 for world, _, _ in eight.values())
