@@ -4,9 +4,11 @@
 #   tests: the GPU op tests (tests/gpu/*_test.cc binaries), tests/gpu/test_gpu_train.py and
 #          tests/gpu/test_gpu_llama.py (the Llama family against transformers)
 #   bench: bench/gpu/bench_train.py, ours next to the PyTorch peer
+#   tutorial: bench/gpu/tutorial_tables.py, the Megatron tutorial's rows that fit the GPUs present
+#          beside Megatron's figures ($OUT/tutorial.md, each row's log in $OUT/tutorial_logs)
 # and leaves logs in $OUT (the device tool's output folder) or /tmp/leantron-out.
 #   here:   bash scripts/device_bundle.sh
-#   device: bash scripts/device_check.sh [tests|pytest|multi|parallel|bench|compare|all] [args...]
+#   device: bash scripts/device_check.sh [tests|pytest|multi|parallel|bench|compare|tutorial|all] [args...]
 #   compare: bench/gpu/compare_builds.py between this bundle and .bundle/base.tar.gz (another build
 #   packed by scripts/device_bundle.sh --name base), loss curves bit for bit and step times
 set -uo pipefail
@@ -53,6 +55,11 @@ fi
 if [[ "$what" == parallel ]]; then  # the tutorial's table on two GPUs
   echo "== bench/gpu/bench_parallel.py $*"
   python3 bench/gpu/bench_parallel.py --bin /tmp/lt/bin --out "$OUT/parallel.md" "$@" || status=1
+fi
+if [[ "$what" == tutorial ]]; then  # e.g. tutorial --table dp --iters 50
+  echo "== bench/gpu/tutorial_tables.py $*"
+  python3 bench/gpu/tutorial_tables.py --bin /tmp/lt/bin --out "$OUT/tutorial.md" \
+    --log-dir "$OUT/tutorial_logs" "$@" || status=1
 fi
 if [[ "$what" == compare ]]; then
   mkdir -p /tmp/base && tar -xzf .bundle/base.tar.gz -C /tmp/base || exit 1
