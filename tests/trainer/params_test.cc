@@ -2,7 +2,9 @@
 // the layout, bucket plans that tile the buffer, and when the overlapped reduction starts.
 #include "trainer/core/params.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "libckpt/layout.h"
@@ -54,6 +56,26 @@ TEST(ParamStoreTest, InitialisationIsLayoutIndependentAndMegatronLike) {
 // The data-parallel buckets: PlanDpBuckets over each pipeline stage's chunks tiles the stage's
 // buffer, layers from the last down (each bucket's layers contiguous in the buffer), the
 // embeddings and head at the end; Part cuts a bucket into disjoint runs covering it.
+// Large tensors are drawn on several threads: element i is the same whatever the tensor's length
+// and however it is cut into pieces (a tensor under a million elements is drawn on one thread),
+// and the draws are N(0, std).
+TEST(ParamStoreTest, NormalsDoNotDependOnLengthOrThreads) {
+  std::vector<float> small(size_t{1} << 19), mid((size_t{1} << 22) - 7), big((size_t{1} << 22) + 3);
+  FillNormal(42, "decoder.layers.0.mlp.linear_fc1.weight", 0.02, &small);
+  FillNormal(42, "decoder.layers.0.mlp.linear_fc1.weight", 0.02, &mid);
+  FillNormal(42, "decoder.layers.0.mlp.linear_fc1.weight", 0.02, &big);
+  EXPECT_TRUE(std::equal(small.begin(), small.end(), big.begin()));
+  EXPECT_TRUE(std::equal(mid.begin(), mid.end(), big.begin()));
+  double sum = 0, sq = 0;
+  for (float x : big) {
+    sum += x;
+    sq += static_cast<double>(x) * x;
+  }
+  const double n = static_cast<double>(big.size()), mean = sum / n;
+  EXPECT_NEAR(mean, 0.0, 0.02 * 5 / std::sqrt(n));
+  EXPECT_NEAR(std::sqrt(sq / n - mean * mean), 0.02, 0.02 * 5 / std::sqrt(2 * n));
+}
+
 TEST(DpBucketTest, PlansTileTheBufferAndPartsTileTheBuckets) {
   ckpt::ModelConfig config = TinyConfig(false);
   config.num_layers = 12;
