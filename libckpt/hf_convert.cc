@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "libckpt/checkpoint_reader.h"
+#include "libckpt/checkpoint_source.h"
 #include "libckpt/checkpoint_writer.h"
 #include "libckpt/hf_config.h"
 #include "libckpt/hf_mapping.h"
@@ -221,7 +222,8 @@ absl::Status ExportHfCheckpoint(const std::string& load_dir, const std::string& 
     return absl::FailedPreconditionError(
         Cat(hf_dir, ": not empty (--overwrite replaces the folder as a whole)"));
   }
-  auto reader = CheckpointReader::Open(load_dir, options.iteration, {.verify = options.verify});
+  auto reader = OpenCheckpoint(load_dir, options.iteration,
+                               {.verify = options.verify, .format = options.load_format});
   if (!reader.ok()) return reader.status();
   const CheckpointMetadata& metadata = (*reader)->metadata();
   auto architecture = HfArchitectureFor(metadata.config);

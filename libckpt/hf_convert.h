@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "libckpt/checkpoint_reader.h"
 #include "libckpt/hf_files.h"
 #include "libckpt/layout.h"
 
@@ -35,6 +36,7 @@ struct HfExportOptions {
   // which replaces the folder as a whole.
   bool overwrite = false;
   bool verify = true;  // Verify the checkpoint's checksums (CheckpointReader::Options).
+  CheckpointFormat load_format = CheckpointFormat::kAuto;  // --load-format
 };
 
 absl::Status ExportHfCheckpoint(const std::string& load_dir, const std::string& hf_dir,

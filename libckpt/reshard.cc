@@ -2,7 +2,7 @@
 
 #include <filesystem>
 
-#include "libckpt/checkpoint_reader.h"
+#include "libckpt/checkpoint_source.h"
 #include "libckpt/checkpoint_writer.h"
 #include "libckpt/strings.h"
 
@@ -11,7 +11,7 @@ namespace leantron::ckpt {
 absl::StatusOr<RankState> LoadRankState(const std::string& checkpoint_dir,
                                         std::optional<int64_t> iteration,
                                         const ParallelConfig& target, int tp_rank, int pp_rank) {
-  auto reader = CheckpointReader::Open(checkpoint_dir, iteration);
+  auto reader = OpenCheckpoint(checkpoint_dir, iteration);
   if (!reader.ok()) return reader.status();
   auto layout = ModelLayout::Create((*reader)->metadata().config, target);
   if (!layout.ok()) return layout.status();
@@ -49,7 +49,8 @@ absl::Status ReshardCheckpoint(const std::string& load_dir, const std::string& s
   if (std::filesystem::equivalent(load_dir, save_dir, error)) {
     return absl::InvalidArgumentError("--save must differ from --load");
   }
-  auto reader = CheckpointReader::Open(load_dir, options.iteration, {.verify = options.verify});
+  auto reader = OpenCheckpoint(load_dir, options.iteration,
+                               {.verify = options.verify, .format = options.load_format});
   if (!reader.ok()) return reader.status();
   CheckpointMetadata metadata = (*reader)->metadata();
   metadata.parallel = options.target;

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "libckpt/checkpoint_metadata.h"
+#include "libckpt/checkpoint_reader.h"
 #include "libckpt/layout.h"
 #include "libckpt/tensor.h"
 
@@ -28,7 +29,8 @@ struct RankState {
   std::vector<NamedTensor> main_params, exp_avg, exp_avg_sq;
 };
 
-// Loads the checkpoint saved under any layout into rank (tp_rank, pp_rank) of `target`.
+// Loads the checkpoint saved under any layout (and in any format OpenCheckpoint reads) into rank
+// (tp_rank, pp_rank) of `target`.
 absl::StatusOr<RankState> LoadRankState(const std::string& checkpoint_dir,
                                         std::optional<int64_t> iteration,
                                         const ParallelConfig& target, int tp_rank, int pp_rank);
@@ -38,6 +40,7 @@ struct ReshardOptions {
   ParallelConfig target;
   bool overwrite = false;  // See CheckSaveDestination.
   bool verify = true;      // Verify the source's checksums (CheckpointReader::Options).
+  CheckpointFormat load_format = CheckpointFormat::kAuto;  // --load-format
 };
 
 // Rewrites a checkpoint in another layout, optimizer state included, streaming one parameter at a

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "CLI/CLI.hpp"
+#include "libckpt/checkpoint_source.h"
 #include "libckpt/hf_convert.h"
 
 int main(int argc, char** argv) {
@@ -46,6 +47,12 @@ int main(int argc, char** argv) {
   app.add_flag("--overwrite", overwrite,
                "Write into a --save that already holds data: import replaces the iteration and "
                "moves the tracker to it, export replaces the folder as a whole");
+  std::string load_format = "auto";
+  app.add_option("--load-format", load_format,
+                 "Format of --load (with --to-hf): auto (detected), leantron, or megatron "
+                 "(Megatron-LM's torch or "
+                 "torch_dist checkpoints)")
+      ->check(CLI::IsMember({"auto", "leantron", "megatron"}));
   app.add_flag("--no-verify-checkpoint", no_verify,
                "Export: skip the content checks of --load (checksums, NaN, replicated copies)");
   CLI11_PARSE(app, argc, argv);
@@ -59,6 +66,7 @@ int main(int argc, char** argv) {
     export_options.iteration = iteration;
     export_options.overwrite = overwrite;
     export_options.verify = !no_verify;
+    export_options.load_format = *leantron::ckpt::ParseCheckpointFormat(load_format);
     export_options.copy_tokenizer_files = copy_tokenizer;
     export_options.tokenizer_dir = tokenizer_dir;
     status = leantron::ckpt::ExportHfCheckpoint(load, save, export_options);

@@ -9,10 +9,13 @@
 #include <optional>
 
 #include "CLI/CLI.hpp"
+#include "libckpt/checkpoint_source.h"
 #include "libckpt/reshard.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"Reshard a Leantron checkpoint to another TP/PP layout (optimizer state kept)"};
+  CLI::App app{
+      "Reshard a checkpoint (Leantron's, or Megatron-LM's torch / torch_dist) to another TP/PP "
+      "layout, optimizer state kept"};
   std::string load, save;
   leantron::ckpt::ReshardOptions options;
   std::optional<int64_t> iteration;
@@ -31,11 +34,17 @@ int main(int argc, char** argv) {
   app.add_flag("--overwrite", options.overwrite,
                "Write into a --save that already holds data (replacing the iteration and moving "
                "its tracker to it); without it such a --save is refused");
+  std::string load_format = "auto";
+  app.add_option("--load-format", load_format,
+                 "Format of --load: auto (detected), leantron, or megatron (Megatron-LM's torch or "
+                 "torch_dist checkpoints)")
+      ->check(CLI::IsMember({"auto", "leantron", "megatron"}));
   app.add_flag("--no-verify-checkpoint", no_verify,
                "Skip the content checks of --load (checksums, NaN, replicated copies)");
   CLI11_PARSE(app, argc, argv);
   options.iteration = iteration;
   options.verify = !no_verify;
+  options.load_format = *leantron::ckpt::ParseCheckpointFormat(load_format);
   if (absl::Status s = leantron::ckpt::ReshardCheckpoint(load, save, options); !s.ok()) {
     std::cerr << "reshard_checkpoint: " << s.message() << "\n";
     return 1;
