@@ -4,6 +4,7 @@
 
 #include "libckpt/checkpoint_source.h"
 #include "libckpt/checkpoint_writer.h"
+#include "libckpt/megatron_writer.h"
 #include "libckpt/strings.h"
 
 namespace leantron::ckpt {
@@ -61,7 +62,14 @@ absl::Status ReshardCheckpoint(const std::string& load_dir, const std::string& s
   if (auto layout = ModelLayout::Create(metadata.config, metadata.parallel); !layout.ok()) {
     return layout.status();
   }
-  return SaveCheckpointFrom(**reader, metadata, save_dir);
+  if (options.save_format == SaveFormat::kMegatron) {
+    MegatronSaveOptions save;
+    save.distributed_optimizer =
+        options.distributed_optimizer.value_or(UsesDistributedOptimizer(metadata.args_json));
+    save.progress = options.progress;
+    return SaveMegatronCheckpoint(**reader, metadata, save_dir, save);
+  }
+  return SaveCheckpointFrom(**reader, metadata, save_dir, nullptr, options.progress);
 }
 
 }  // namespace leantron::ckpt

@@ -11,7 +11,9 @@
 #include "absl/status/statusor.h"
 #include "libckpt/checkpoint_metadata.h"
 #include "libckpt/checkpoint_reader.h"
+#include "libckpt/checkpoint_writer.h"
 #include "libckpt/layout.h"
+#include "libckpt/progress.h"
 #include "libckpt/tensor.h"
 
 namespace leantron::ckpt {
@@ -41,9 +43,15 @@ struct ReshardOptions {
   bool overwrite = false;  // See CheckSaveDestination.
   bool verify = true;      // Verify the source's checksums (CheckpointReader::Options).
   CheckpointFormat load_format = CheckpointFormat::kAuto;  // --load-format
+  SaveFormat save_format = SaveFormat::kLeantron;          // --save-format
+  // Megatron output: write the distributed optimizer's files (default: as the source's run did,
+  // its args' use_distributed_optimizer).
+  std::optional<bool> distributed_optimizer;
+  ProgressOptions progress;
 };
 
-// Rewrites a checkpoint in another layout, optimizer state included, streaming one parameter at a
+// Rewrites a checkpoint in another layout (and, with save_format kMegatron, as Megatron-LM's torch
+// format), optimizer state included, streaming one parameter at a
 // time. The saved iteration becomes the target directory's latest. A destination that holds data
 // is refused unless options.overwrite (CheckSaveDestination).
 absl::Status ReshardCheckpoint(const std::string& load_dir, const std::string& save_dir,
