@@ -24,7 +24,7 @@ struct HfImportOptions {
   bool copy_tokenizer_files = false;
   bool overwrite = false;                          // See CheckSaveDestination.
   SaveFormat save_format = SaveFormat::kLeantron;  // megatron: Megatron-LM's torch format
-  ProgressOptions progress;
+  ProgressOptions progress = {};
 };
 
 absl::Status ImportHfCheckpoint(const std::string& hf_dir, const std::string& save_dir,
@@ -41,7 +41,7 @@ struct HfExportOptions {
   bool overwrite = false;
   bool verify = true;  // Verify the checkpoint's checksums (CheckpointReader::Options).
   CheckpointFormat load_format = CheckpointFormat::kAuto;  // --load-format
-  ProgressOptions progress;
+  ProgressOptions progress = {};
 };
 
 absl::Status ExportHfCheckpoint(const std::string& load_dir, const std::string& hf_dir,

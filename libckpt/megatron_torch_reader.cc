@@ -198,7 +198,7 @@ absl::Status MegatronTorchReader::AddRankTensor(const TorchArchive& archive, Ten
     return absl::DataLossError(Cat(archive.source(), ": ", what, " is ", DTypeName(tensor->dtype),
                                    ", expected ", DTypeName(dtype)));
   }
-  AddShard(kind, spec.name, tp, {tensor->data, &archive.file()});
+  AddShard(kind, spec.name, tp, {tensor->data, archive.file()});
   return absl::OkStatus();
 }
 
@@ -237,7 +237,7 @@ absl::Status MegatronTorchReader::AddModel(const TorchArchive& archive, int tp, 
       }
       if (run_.fp32_training && metadata_.has_optimizer && !run_.distributed_optimizer) {
         auto tensor = archive.Tensor(value, name);
-        AddShard(TensorKind::kMainParam, spec->name, tp, {tensor->data, &archive.file()});
+        AddShard(TensorKind::kMainParam, spec->name, tp, {tensor->data, archive.file()});
       }
     }
   }
@@ -296,7 +296,7 @@ absl::Status MegatronTorchReader::AddDistributedOptimizer(const TorchArchive& ar
       for (const BufferParam& param : flat.params) {
         if (!param.spec->tied_to.empty()) continue;
         AddShard(kind, param.spec->name, tp,
-                 {tensor->data.subspan(param.world_offset * 4, param.numel * 4), &archive.file()});
+                 {tensor->data.subspan(param.world_offset * 4, param.numel * 4), archive.file()});
       }
     }
   }
@@ -468,6 +468,20 @@ absl::StatusOr<std::unique_ptr<CheckpointSource>> MegatronTorchReader::Open(
       auto opened = TorchArchive::Open((stdfs::path(rank.path) / kModelFile).string());
       if (!opened.ok()) return opened.status();
       archive = *std::move(opened);
+      // Every rank saved the same run.
+      auto rank_run = MegatronRunFromArgs(DictGet(archive->root(), "args"), archive->source());
+      if (!rank_run.ok()) return rank_run.status();
+      const ParallelConfig& a = rank_run->parallel;
+      const ParallelConfig& b = reader->run_.parallel;
+      if (ModelConfigToJson(rank_run->config) != ModelConfigToJson(reader->run_.config) ||
+          a.tp != b.tp || a.pp != b.pp || a.vpp != b.vpp ||
+          a.first_stage_layers != b.first_stage_layers ||
+          a.last_stage_layers != b.last_stage_layers) {
+        return absl::DataLossError(Cat(archive->source(),
+                                       ": its args describe another model or "
+                                       "layout than ",
+                                       source, "'s"));
+      }
     }
     if (options.verify) {
       if (auto s = archive->VerifyCrcs(); !s.ok()) return s;

@@ -502,7 +502,13 @@ absl::Status SaveMegatronCheckpoint(FullTensorSource& source, const CheckpointMe
       if (copy.tied_to == spec.name) targets.push_back(&copy);
     }
     for (TensorKind kind : kinds) {
-      if (auto s = source.ReadFull(spec, kind, &full); !s.ok()) return s;
+      // An fp32 run's Adam steps the weights themselves: the main weights (the truth) are written
+      // as the weights, and not again.
+      const bool fp32_adam = optimizer && !dist && c.params_dtype == DType::kF32;
+      if (fp32_adam && kind == TensorKind::kMainParam) continue;
+      const TensorKind read =
+          fp32_adam && kind == TensorKind::kParam ? TensorKind::kMainParam : kind;
+      if (auto s = source.ReadFull(spec, read, &full); !s.ok()) return s;
       const DType dtype = kind == TensorKind::kParam ? c.params_dtype : DType::kF32;
       if (full.dtype != dtype) {
         return absl::InvalidArgumentError(Cat("'", spec.name, "' is ", DTypeName(full.dtype),
@@ -532,8 +538,7 @@ absl::Status SaveMegatronCheckpoint(FullTensorSource& source, const CheckpointMe
                 !s.ok()) {
               return s;
             }
-          } else if (kind != TensorKind::kMainParam || c.params_dtype != DType::kF32) {
-            // An fp32 run keeps no main copy: its Adam steps the model weights themselves.
+          } else {
             auto stored = r.Add(dtype, shape, shard);
             if (!stored.ok()) return stored.status();
             r.stored[static_cast<int>(kind)][target->name] = *stored;

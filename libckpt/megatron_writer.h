@@ -28,7 +28,7 @@ namespace leantron::ckpt {
 
 struct MegatronSaveOptions {
   bool distributed_optimizer = false;
-  ProgressOptions progress;
+  ProgressOptions progress = {};
 };
 
 // Whether a checkpoint's training arguments (CheckpointMetadata::args_json) name

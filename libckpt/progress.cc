@@ -38,18 +38,17 @@ ConversionProgress::~ConversionProgress() {
 
 std::string ConversionProgress::Line(const std::string& label, int64_t tensors,
                                      int64_t total_tensors, int64_t bytes, int64_t total_bytes,
-                                     double seconds) {
+                                     double seconds, bool final) {
   std::string line =
       absl::StrFormat("%s: %d/%d tensors, %s/%s", label, tensors, total_tensors,
                       Size(static_cast<double>(bytes)), Size(static_cast<double>(total_bytes)));
+  const double rate = seconds > 0 ? bytes / seconds : 0;
+  if (final) {
+    if (rate > 0) line += absl::StrFormat(", %s/s", Size(rate));
+    return line + ", " + Duration(seconds) + " in all";
+  }
   if (seconds > 0.2 && bytes > 0) {
-    const double rate = bytes / seconds;
-    line += absl::StrFormat(", %s/s", Size(rate));
-    if (bytes < total_bytes) {
-      line += ", " + Duration((total_bytes - bytes) / rate) + " left";
-    } else {
-      line += ", " + Duration(seconds) + " in all";
-    }
+    line += absl::StrFormat(", %s/s, %s left", Size(rate), Duration((total_bytes - bytes) / rate));
   }
   return line;
 }
@@ -76,7 +75,7 @@ void ConversionProgress::Draw(bool final) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   // \r and clear-to-end-of-line redraw in place.
   std::fprintf(stderr, "\r%s\033[K%s",
-               Line(label_, tensors_, total_tensors_, bytes_, total_bytes_, seconds).c_str(),
+               Line(label_, tensors_, total_tensors_, bytes_, total_bytes_, seconds, final).c_str(),
                final ? "\n" : "");
   std::fflush(stderr);
 }

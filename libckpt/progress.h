@@ -29,7 +29,7 @@ class ConversionProgress {
   bool active() const { return active_; }
   // The line as drawn (for tests of the formatting).
   static std::string Line(const std::string& label, int64_t tensors, int64_t total_tensors,
-                          int64_t bytes, int64_t total_bytes, double seconds);
+                          int64_t bytes, int64_t total_bytes, double seconds, bool final);
 
  private:
   void Draw(bool final);

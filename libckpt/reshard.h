@@ -46,8 +46,8 @@ struct ReshardOptions {
   SaveFormat save_format = SaveFormat::kLeantron;          // --save-format
   // Megatron output: write the distributed optimizer's files (default: as the source's run did,
   // its args' use_distributed_optimizer).
-  std::optional<bool> distributed_optimizer;
-  ProgressOptions progress;
+  std::optional<bool> distributed_optimizer = std::nullopt;
+  ProgressOptions progress = {};
 };
 
 // Rewrites a checkpoint in another layout (and, with save_format kMegatron, as Megatron-LM's torch

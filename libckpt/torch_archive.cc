@@ -140,6 +140,15 @@ absl::StatusOr<std::unique_ptr<TorchArchive>> TorchArchive::OpenSlice(
   return archive;
 }
 
+absl::StatusOr<std::unique_ptr<TorchArchive>> TorchArchive::Parse(std::span<const std::byte> bytes,
+                                                                  std::string source) {
+  std::unique_ptr<TorchArchive> archive(new TorchArchive());
+  archive->bytes_ = bytes;
+  archive->source_ = std::move(source);
+  if (auto s = archive->Init(); !s.ok()) return s;
+  return archive;
+}
+
 absl::Status TorchArchive::Init() {
   auto zip = ZipArchive::Parse(bytes_, source_);
   if (!zip.ok()) return zip.status();

@@ -49,18 +49,24 @@ class TorchArchive {
   // A torch.save archive occupying [offset, offset + length) of `file`.
   static absl::StatusOr<std::unique_ptr<TorchArchive>> OpenSlice(
       std::shared_ptr<const MappedFile> file, uint64_t offset, uint64_t length);
+  // An archive in memory (`bytes` must outlive it); for tests and the fuzzer.
+  static absl::StatusOr<std::unique_ptr<TorchArchive>> Parse(std::span<const std::byte> bytes,
+                                                             std::string source);
 
   const std::string& source() const { return source_; }
   const PyValue* root() const { return pickle_->root(); }
   const ZipArchive& zip() const { return *zip_; }
-  const MappedFile& file() const { return *file_; }
+  // The mapped file (nullptr for Parse).
+  const MappedFile* file() const { return file_.get(); }
 
   // Whether `value` is a tensor as torch.save pickles one.
   static bool IsTensor(const PyValue* value);
   // Resolves a tensor; `what` names it in errors (a parameter name, "optimizer exp_avg 3").
   absl::StatusOr<TorchTensor> Tensor(const PyValue* value, std::string_view what) const;
   // Drops the pages of consumed data from the resident set (MappedFile::Release).
-  void Release(std::span<const std::byte> data) const { file_->Release(data); }
+  void Release(std::span<const std::byte> data) const {
+    if (file_) file_->Release(data);
+  }
   // Compares every record with its CRC-32: one read of the whole archive.
   absl::Status VerifyCrcs() const;
 
