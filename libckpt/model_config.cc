@@ -90,6 +90,18 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
     return absl::InvalidArgumentError(
         Cat("model config: rotary_base ", c.rotary_base, " is not a finite number > 0"));
   }
+  if (const RopeScaling& r = c.rope_scaling; r.llama3) {
+    if (!std::isfinite(r.factor) || r.factor <= 0 || !std::isfinite(r.low_freq_factor) ||
+        !std::isfinite(r.high_freq_factor) || r.low_freq_factor <= 0 ||
+        r.high_freq_factor <= r.low_freq_factor || r.original_max_position_embeddings <= 0 ||
+        r.original_max_position_embeddings > kMax) {
+      return absl::InvalidArgumentError(
+          Cat("model config: llama3 rope_scaling needs factor > 0, 0 < low_freq_factor < "
+              "high_freq_factor and original_max_position_embeddings > 0 (got ",
+              r.factor, ", ", r.low_freq_factor, ", ", r.high_freq_factor, ", ",
+              r.original_max_position_embeddings, ")"));
+    }
+  }
   if (DTypeSize(c.params_dtype) == 0) {
     return absl::InvalidArgumentError("model config: params_dtype must be a whole-byte type");
   }
@@ -116,6 +128,30 @@ std::string_view PositionEmbeddingName(PositionEmbedding type) {
   return type == PositionEmbedding::kLearnedAbsolute ? "learned_absolute" : "rope";
 }
 
+std::string_view HfArchitectureName(HfArchitecture architecture) {
+  switch (architecture) {
+    case HfArchitecture::kUnset:
+      return "";
+    case HfArchitecture::kGpt2:
+      return "GPT2LMHeadModel";
+    case HfArchitecture::kLlama:
+      return "LlamaForCausalLM";
+    case HfArchitecture::kMistral:
+      return "MistralForCausalLM";
+    case HfArchitecture::kQwen2:
+      return "Qwen2ForCausalLM";
+  }
+  return "";
+}
+
+std::optional<HfArchitecture> ParseHfArchitecture(std::string_view name) {
+  for (HfArchitecture a : {HfArchitecture::kGpt2, HfArchitecture::kLlama, HfArchitecture::kMistral,
+                           HfArchitecture::kQwen2}) {
+    if (name == HfArchitectureName(a)) return a;
+  }
+  return std::nullopt;
+}
+
 std::string ModelConfigToJson(const ModelConfig& c) {
   // %.17g keeps doubles exact through a round trip.
   std::string json = absl::StrFormat(
@@ -131,7 +167,17 @@ std::string ModelConfigToJson(const ModelConfig& c) {
       ToAbsl(PositionEmbeddingName(c.position_embedding_type)), c.rotary_base,
       c.add_bias_linear ? "true" : "false", c.add_qkv_bias ? "true" : "false",
       c.untie_embeddings_and_output_weights ? "true" : "false", ToAbsl(DTypeName(c.params_dtype)));
-  if (!c.rope_scaling_json.empty()) CatAppend(&json, ", \"rope_scaling\": ", c.rope_scaling_json);
+  if (c.rope_scaling.llama3) {
+    const RopeScaling& r = c.rope_scaling;
+    json += absl::StrFormat(
+        ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": %.17g, \"low_freq_factor\": "
+        "%.17g, \"high_freq_factor\": %.17g, \"original_max_position_embeddings\": %d}",
+        r.factor, r.low_freq_factor, r.high_freq_factor, r.original_max_position_embeddings);
+  }
+  if (c.hf_architecture != HfArchitecture::kUnset) {
+    json += absl::StrFormat(", \"hf_architecture\": \"%s\"",
+                            ToAbsl(HfArchitectureName(c.hf_architecture)));
+  }
   json += "}";
   return json;
 }
@@ -210,7 +256,33 @@ absl::StatusOr<ModelConfig> ModelConfigFromJson(std::string_view json) {
   c.params_dtype = *parsed_dtype;
   simdjson::dom::element scaling;
   if (object["rope_scaling"].get(scaling) == simdjson::SUCCESS && !scaling.is_null()) {
-    c.rope_scaling_json = simdjson::minify(scaling);
+    simdjson::dom::object r;
+    std::string_view type;
+    if (scaling.get(r) != simdjson::SUCCESS || r["rope_type"].get(type) != simdjson::SUCCESS ||
+        type != "llama3") {
+      return absl::InvalidArgumentError(
+          "model config: rope_scaling must be {\"rope_type\": \"llama3\", ...}");
+    }
+    c.rope_scaling.llama3 = true;
+    if (!(s = Field(r, "factor", &c.rope_scaling.factor)).ok()) return s;
+    if (!(s = Field(r, "low_freq_factor", &c.rope_scaling.low_freq_factor)).ok()) return s;
+    if (!(s = Field(r, "high_freq_factor", &c.rope_scaling.high_freq_factor)).ok()) return s;
+    if (!(s = Field(r, "original_max_position_embeddings",
+                    &c.rope_scaling.original_max_position_embeddings))
+             .ok())
+      return s;
+  }
+  simdjson::dom::element architecture;
+  if (object["hf_architecture"].get(architecture) == simdjson::SUCCESS && !architecture.is_null()) {
+    std::string_view name;
+    std::optional<HfArchitecture> parsed;
+    if (architecture.get(name) == simdjson::SUCCESS) parsed = ParseHfArchitecture(name);
+    if (!parsed) {
+      return absl::InvalidArgumentError(
+          "model config: hf_architecture must be GPT2LMHeadModel, LlamaForCausalLM, "
+          "MistralForCausalLM or Qwen2ForCausalLM");
+    }
+    c.hf_architecture = *parsed;
   }
   if (auto status = ValidateModelConfig(c); !status.ok()) return status;
   return c;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -17,6 +18,21 @@ enum class NormType { kLayerNorm, kRMSNorm };
 // kSwiGLU is silu(gate) * up with linear_fc1 holding gate rows then up rows.
 enum class Activation { kGelu, kGeluTanh, kSwiGLU };
 enum class PositionEmbedding { kLearnedAbsolute, kRope };
+
+// Scaling of the rotary frequencies. Llama 3.1's ("rope_type": "llama3" in HF, Megatron's
+// --use-rope-scaling): wavelengths longer than original/low_freq_factor are divided by `factor`,
+// shorter than original/high_freq_factor kept, those between interpolated smoothly.
+struct RopeScaling {
+  bool llama3 = false;
+  double factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+  bool operator==(const RopeScaling&) const = default;
+};
+
+// The HuggingFace class a checkpoint came from and converts back to (config.json's
+// "architectures"). kUnset: not recorded (a model trained here); export then picks the class by
+// the model's shape (HfArchitectureFor in hf_config.h).
+enum class HfArchitecture { kUnset, kGpt2, kLlama, kMistral, kQwen2 };
 
 struct ModelConfig {
   int64_t num_layers = 0;
@@ -33,11 +49,14 @@ struct ModelConfig {
   Activation activation = Activation::kGelu;
   PositionEmbedding position_embedding_type = PositionEmbedding::kLearnedAbsolute;
   double rotary_base = 10000.0;
-  std::string rope_scaling_json;  // HF "rope_scaling" object kept verbatim; empty when absent.
-  bool add_bias_linear = true;    // Biases on linear_proj / linear_fc1 / linear_fc2.
-  bool add_qkv_bias = true;       // Bias on linear_qkv.
+  RopeScaling rope_scaling;
+  bool add_bias_linear = true;  // Biases on linear_proj / linear_fc1 / linear_fc2.
+  bool add_qkv_bias = true;     // Bias on linear_qkv.
   bool untie_embeddings_and_output_weights = false;
   DType params_dtype = DType::kF32;
+  // Where the weights came from; changes nothing the trainer computes (Mistral without a sliding
+  // window is Llama), only what `convert_hf --to-hf` writes.
+  HfArchitecture hf_architecture = HfArchitecture::kUnset;
 
   bool swiglu() const { return activation == Activation::kSwiGLU; }
   bool has_norm_bias() const { return normalization == NormType::kLayerNorm; }
@@ -57,6 +76,10 @@ absl::Status ValidateModelConfig(const ModelConfig& config);
 std::string_view NormTypeName(NormType type);
 std::string_view ActivationName(Activation activation);
 std::string_view PositionEmbeddingName(PositionEmbedding type);
+// "GPT2LMHeadModel", "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"; "" for kUnset.
+std::string_view HfArchitectureName(HfArchitecture architecture);
+// The inverse for the four names; nullopt for anything else (kUnset included).
+std::optional<HfArchitecture> ParseHfArchitecture(std::string_view name);
 
 // One JSON object (the "model" entry of a checkpoint's metadata.json).
 std::string ModelConfigToJson(const ModelConfig& config);

@@ -127,8 +127,10 @@ void BytePairEncodeHeap(const BpeVocab& vocab, const uint8_t* piece, size_t n,
   for (uint32_t i = 0; i < n; i = next[i]) out->push_back(vocab.RankPadded(p + i, next[i] - i));
 }
 
-void BytePairEncode(const BpeVocab& vocab, const uint8_t* p, size_t n, std::vector<int32_t>* out,
-                    int32_t rank_limit) {
+namespace {
+
+void EncodeSegment(const BpeVocab& vocab, const uint8_t* p, size_t n, std::vector<int32_t>* out,
+                   int32_t rank_limit) {
   if (n == 1) {
     out->push_back(vocab.ByteRank(p[0]));
   } else if (n < kBpeHeapThreshold) {
@@ -136,6 +138,22 @@ void BytePairEncode(const BpeVocab& vocab, const uint8_t* p, size_t n, std::vect
   } else {
     BytePairEncodeHeap(vocab, p, n, out, rank_limit);
   }
+}
+
+}  // namespace
+
+void BytePairEncode(const BpeVocab& vocab, const uint8_t* p, size_t n, std::vector<int32_t>* out,
+                    int32_t rank_limit) {
+  if (n < kBpeCutThreshold || rank_limit != std::numeric_limits<int32_t>::max()) {
+    EncodeSegment(vocab, p, n, out, rank_limit);
+    return;
+  }
+  // A long piece (CJK text has no spaces) is cut where no token holds the two bytes on either
+  // side: no merge can cross such a point, so the segments merge on their own, with the same
+  // result and far fewer candidate pairs each.
+  ForEachMergeSegment(vocab, p, n, [&](const uint8_t* s, size_t len) {
+    EncodeSegment(vocab, s, len, out, rank_limit);
+  });
 }
 
 }  // namespace leantron::data

@@ -154,6 +154,15 @@ void BpeVocab::BuildTable() {
     }
     if (slots_[i].rank < 0) slots_[i] = Slot{head, static_cast<uint32_t>(t.size()), r};
   }
+  std::fill(std::begin(pair_in_token_), std::end(pair_in_token_), 0);
+  for (int32_t r = 0; r < num_ranks(); ++r) {
+    const std::string_view t = TokenBytes(r);
+    for (size_t i = 1; i < t.size(); ++i) {
+      const uint32_t k =
+          (uint32_t{static_cast<uint8_t>(t[i - 1])} << 8) | static_cast<uint8_t>(t[i]);
+      pair_in_token_[k >> 6] |= uint64_t{1} << (k & 63);
+    }
+  }
   two_byte_rank_.assign(1 << 16, -1);
   for (int32_t r = num_ranks() - 1; r >= 0; --r) {  // the first rank wins, as in the table
     const std::string_view t = TokenBytes(r);

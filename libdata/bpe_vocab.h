@@ -56,6 +56,12 @@ class BpeVocab {
   }
   // Rank of each single byte value.
   int32_t ByteRank(uint8_t b) const { return byte_rank_[b]; }
+  // Whether some token holds byte a immediately followed by byte b. When none does, no merge can
+  // join the two: a piece can be cut there and its halves merged on their own.
+  bool PairInSomeToken(uint8_t a, uint8_t b) const {
+    const uint32_t i = (uint32_t{a} << 8) | b;
+    return (pair_in_token_[i >> 6] >> (i & 63)) & 1;
+  }
 
  private:
   struct Slot {
@@ -90,12 +96,16 @@ class BpeVocab {
   // asks for pairs of single bytes more than anything else.
   std::vector<int32_t> two_byte_rank_;
   int32_t byte_rank_[256] = {};
+  uint64_t pair_in_token_[1024] = {};
 };
 
 inline int32_t BpeVocab::Rank(const uint8_t* p, size_t n) const {
   if (n >= 8) return RankPadded(p, n);
-  uint8_t padded[8] = {};
-  for (size_t i = 0; i < n; ++i) padded[i] = p[i];
+  // Built with shifts: a byte-copy loop would become a call to memcpy.
+  uint64_t head = 0;
+  for (size_t i = 0; i < n; ++i) head |= uint64_t{p[i]} << (8 * i);
+  uint8_t padded[8];
+  std::memcpy(padded, &head, 8);
   return RankPadded(padded, n);
 }
 

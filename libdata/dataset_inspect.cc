@@ -13,8 +13,9 @@
 namespace leantron::data {
 namespace {
 
-bool HasVocab(const VocabFiles& v) {
-  return !v.tiktoken_file.empty() || (!v.vocab_file.empty() && !v.merge_file.empty());
+bool HasVocab(const TokenizerOptions& v) {
+  return !v.tiktoken_file.empty() || (!v.vocab_file.empty() && !v.merge_file.empty()) ||
+         !v.model.empty() || (v.type == "NullTokenizer" && v.vocab_size > 0);
 }
 
 void PrintHistogram(const IndexedDataset& ds, int buckets, std::ostream& out) {
@@ -46,7 +47,7 @@ void PrintHistogram(const IndexedDataset& ds, int buckets, std::ostream& out) {
   }
 }
 
-absl::Status PrintText(const std::vector<int64_t>& ids, const Gpt2Tokenizer* tokenizer,
+absl::Status PrintText(const std::vector<int64_t>& ids, const Tokenizer* tokenizer,
                        std::ostream& out) {
   if (tokenizer == nullptr) return absl::OkStatus();
   std::vector<int32_t> in_vocab;
@@ -59,7 +60,7 @@ absl::Status PrintText(const std::vector<int64_t>& ids, const Gpt2Tokenizer* tok
   return absl::OkStatus();
 }
 
-absl::Status PrintDocument(const IndexedDataset& ds, int64_t k, const Gpt2Tokenizer* tokenizer,
+absl::Status PrintDocument(const IndexedDataset& ds, int64_t k, const Tokenizer* tokenizer,
                            std::ostream& out) {
   if (k < 0 || k >= ds.num_documents()) {
     return absl::OutOfRangeError(
@@ -97,7 +98,7 @@ absl::Status ExportGpt(const GptDataset& gpt, const std::string& dir, const std:
   return s;
 }
 
-absl::Status InspectSamples(const InspectDatasetOptions& options, const Gpt2Tokenizer* tokenizer,
+absl::Status InspectSamples(const InspectDatasetOptions& options, const Tokenizer* tokenizer,
                             std::ostream& out) {
   GptDataConfig config = options.gpt;
   config.data_path = options.data_path;
@@ -164,9 +165,9 @@ absl::Status InspectSamples(const InspectDatasetOptions& options, const Gpt2Toke
 }  // namespace
 
 absl::Status InspectDataset(const InspectDatasetOptions& options, std::ostream& out) {
-  std::unique_ptr<Gpt2Tokenizer> tokenizer;
-  if (HasVocab(options.vocab)) {
-    absl::StatusOr<std::unique_ptr<Gpt2Tokenizer>> t = Gpt2Tokenizer::Load(options.vocab);
+  std::unique_ptr<Tokenizer> tokenizer;
+  if (HasVocab(options.tokenizer)) {
+    absl::StatusOr<std::unique_ptr<Tokenizer>> t = LoadTokenizer(options.tokenizer);
     if (!t.ok()) return t.status();
     tokenizer = *std::move(t);
   }

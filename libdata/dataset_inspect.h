@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "libdata/gpt2_tokenizer.h"
 #include "libdata/gpt_dataset.h"
+#include "libdata/tokenizer.h"
 
 namespace leantron::data {
 
@@ -19,7 +19,8 @@ struct InspectDatasetOptions {
   std::vector<std::string> data_path;
   // Print the tokens of document k (all of its sequences) of the first prefix.
   std::optional<int64_t> document;
-  VocabFiles vocab;  // empty: print ids only; else decode too
+  // With a tokenizer's files (any --tokenizer-type), the text is printed beside the ids.
+  TokenizerOptions tokenizer;
   int histogram_buckets = 12;
 
   // GPT samples: the dataset Megatron's training would build from data_path with these settings.

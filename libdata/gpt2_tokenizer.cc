@@ -71,7 +71,10 @@ absl::Status Gpt2Tokenizer::Decode(absl::Span<const int32_t> ids, std::string* o
 }
 
 Gpt2Encoder::Gpt2Encoder(const Gpt2Tokenizer& tokenizer, Options options)
-    : tokenizer_(tokenizer), vocab_(tokenizer.vocab()), options_(options) {}
+    : tokenizer_(tokenizer),
+      vocab_(tokenizer.vocab()),
+      options_(options),
+      cache_(options.max_cache_entries) {}
 
 void Gpt2Encoder::EncodeOrdinary(std::string_view text, std::vector<int32_t>* out) {
   static const Pretokenizer pretokenizer;
@@ -103,20 +106,33 @@ void Gpt2Encoder::Encode(std::string_view text, bool allow_special, std::vector<
 }
 
 void Gpt2Encoder::EncodePiece(const uint8_t* p, size_t n, std::vector<int32_t>* out) {
+  if (n < kBpeCutThreshold) return EncodeSegment(p, n, out);
+  // Long pieces (CJK runs rarely recur whole) are cut where no merge can cross; the segments,
+  // often single words or characters, recur and are cached.
+  ForEachMergeSegment(vocab_, p, n, [&](const uint8_t* s, size_t len) {
+    if (len == n) return EncodeSegment(s, len, out);
+    const int32_t rank = vocab_.Rank(s, len);
+    if (rank >= 0) {
+      out->push_back(rank);
+    } else {
+      EncodeSegment(s, len, out);
+    }
+  });
+}
+
+void Gpt2Encoder::EncodeSegment(const uint8_t* p, size_t n, std::vector<int32_t>* out) {
+  if (n == 1) {
+    out->push_back(vocab_.ByteRank(p[0]));
+    return;
+  }
   if (n > options_.max_cached_piece) {
     BytePairEncode(vocab_, p, n, out);
     return;
   }
-  const absl::string_view key(reinterpret_cast<const char*>(p), n);
-  if (auto it = cache_.find(key); it != cache_.end()) {
-    out->insert(out->end(), it->second.begin(), it->second.end());
-    return;
-  }
-  scratch_.clear();
-  BytePairEncode(vocab_, p, n, &scratch_);
-  out->insert(out->end(), scratch_.begin(), scratch_.end());
-  if (cache_.size() >= options_.max_cache_entries) cache_.clear();
-  cache_.emplace(key, scratch_);
+  if (cache_.Lookup(p, n, out)) return;
+  const size_t before = out->size();
+  BytePairEncode(vocab_, p, n, out);
+  cache_.Insert(p, n, out->data() + before, out->size() - before);
 }
 
 }  // namespace leantron::data

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "libdata/bpe_vocab.h"
+#include "libdata/piece_cache.h"
 
 namespace leantron::data {
 
@@ -74,12 +75,14 @@ class Gpt2Encoder {
  private:
   // A piece that is not a single token: cached merges, else byte-pair merging.
   void EncodePiece(const uint8_t* p, size_t n, std::vector<int32_t>* out);
+  // A segment no merge crosses out of: cached merges, else byte-pair merging.
+  void EncodeSegment(const uint8_t* p, size_t n, std::vector<int32_t>* out);
 
   const Gpt2Tokenizer& tokenizer_;
   const BpeVocab& vocab_;
   const Options options_;
   // Piece bytes -> ids, for pieces that are not a single token. Bounded; cleared when full.
-  absl::flat_hash_map<std::string, std::vector<int32_t>> cache_;
+  PieceCache cache_;
   std::vector<int32_t> scratch_;
 };
 

@@ -52,11 +52,11 @@ struct Batch {
 // Per-thread parsing, splitting and tokenizing.
 class DocumentEncoder {
  public:
-  DocumentEncoder(const PreprocessOptions& options, const Gpt2Tokenizer& tokenizer,
-                  std::unique_ptr<SentenceSplitter> splitter)
+  DocumentEncoder(const PreprocessOptions& options, const Tokenizer& tokenizer,
+                  const EncodeOptions& encode, std::unique_ptr<SentenceSplitter> splitter)
       : options_(options),
-        encoder_(tokenizer),
-        eod_(tokenizer.eod_id()),
+        encoder_(tokenizer.NewEncoder(encode)),
+        eod_(tokenizer.eod_id().value_or(-1)),
         splitter_(std::move(splitter)) {}
 
   void Process(Batch* batch) {
@@ -149,11 +149,7 @@ class DocumentEncoder {
       size_t doc_start = out.tokens.size();
       for (const std::string_view sentence : sentences_) {
         const size_t before = out.tokens.size();
-        if (options_.eod_in_text_is_special) {
-          encoder_.Encode(sentence, /*allow_special=*/true, &out.tokens);
-        } else {
-          encoder_.EncodeOrdinary(sentence, &out.tokens);
-        }
+        if (absl::Status s = encoder_->Encode(sentence, &out.tokens); !s.ok()) return s;
         const size_t n = out.tokens.size() - before;
         if (n == 0) continue;  // Megatron drops sentences without tokens.
         out.lengths.push_back(static_cast<int32_t>(n));
@@ -169,7 +165,7 @@ class DocumentEncoder {
   }
 
   const PreprocessOptions& options_;
-  Gpt2Encoder encoder_;
+  std::unique_ptr<TextEncoder> encoder_;
   const int32_t eod_;
   std::unique_ptr<SentenceSplitter> splitter_;
   simdjson::dom::parser parser_;
@@ -267,17 +263,20 @@ std::string PreprocessOutputPrefix(const std::string& output_prefix, const std::
 
 absl::StatusOr<PreprocessStats> PreprocessData(const PreprocessOptions& options) {
   const auto start = std::chrono::steady_clock::now();
-  if (options.tokenizer_type != "GPT2BPETokenizer") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unsupported --tokenizer-type ", options.tokenizer_type, " (supported: GPT2BPETokenizer)"));
-  }
   if (options.json_keys.empty()) return absl::InvalidArgumentError("no --json-keys");
   if (options.output_prefix.empty()) return absl::InvalidArgumentError("no --output-prefix");
   if (options.workers < 1) return absl::InvalidArgumentError("--workers must be at least 1");
   absl::StatusOr<std::vector<std::string>> files = ExpandInputs(options.inputs);
   if (!files.ok()) return files.status();
-  absl::StatusOr<std::unique_ptr<Gpt2Tokenizer>> tokenizer = Gpt2Tokenizer::Load(options.vocab);
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(options.tokenizer);
   if (!tokenizer.ok()) return tokenizer.status();
+  if (options.append_eod && !(*tokenizer)->eod_id()) {
+    return absl::InvalidArgumentError(absl::StrCat("--append-eod: the tokenizer has no EOD token (",
+                                                   (*tokenizer)->Describe(), ")"));
+  }
+  EncodeOptions encode = (*tokenizer)->megatron_defaults();
+  if (options.eod_in_text_is_special) encode.allow_special = *options.eod_in_text_is_special;
+  if (!options.include_special_tokens) encode.add_special = false;
   const DType dtype = TokenDTypeForVocabSize((*tokenizer)->vocab_size());
 
   PreprocessStats stats;
@@ -291,18 +290,6 @@ absl::StatusOr<PreprocessStats> PreprocessData(const PreprocessOptions& options)
     builders.push_back(*std::move(builder));
   }
   std::vector<std::unique_ptr<DocumentEncoder>> encoders;
-  for (int w = 0; w < options.workers; ++w) {
-    std::unique_ptr<SentenceSplitter> splitter;
-    if (options.split_sentences) {
-      absl::StatusOr<std::unique_ptr<SentenceSplitter>> s =
-          SentenceSplitter::Create(options.keep_newlines);
-      if (!s.ok()) return s.status();
-      splitter = *std::move(s);
-    }
-    encoders.push_back(
-        std::make_unique<DocumentEncoder>(options, **tokenizer, std::move(splitter)));
-  }
-
   Pipeline p;
   p.max_in_flight = 2 * static_cast<uint64_t>(options.workers) + 2;
   std::vector<std::thread> threads;
@@ -317,16 +304,34 @@ absl::StatusOr<PreprocessStats> PreprocessData(const PreprocessOptions& options)
     threads.clear();
   };
 
-  // The system may refuse a thread (a huge --workers): a clean error, nothing left behind.
+  // Each worker gets its encoder as it starts. The system may refuse a thread, or the memory for
+  // an encoder (a huge --workers): a clean error, nothing left behind.
+  absl::Status setup;
   try {
     threads.emplace_back(ReadInputs, std::cref(*files), &p);
-    for (auto& encoder : encoders) threads.emplace_back(Work, encoder.get(), &p);
-  } catch (const std::system_error& e) {
-    const size_t started = threads.size();
+    for (int w = 0; w < options.workers && setup.ok(); ++w) {
+      std::unique_ptr<SentenceSplitter> splitter;
+      if (options.split_sentences) {
+        absl::StatusOr<std::unique_ptr<SentenceSplitter>> s =
+            SentenceSplitter::Create(options.keep_newlines);
+        if (!s.ok()) {
+          setup = s.status();
+          break;
+        }
+        splitter = *std::move(s);
+      }
+      encoders.push_back(
+          std::make_unique<DocumentEncoder>(options, **tokenizer, encode, std::move(splitter)));
+      threads.emplace_back(Work, encoders.back().get(), &p);
+    }
+  } catch (const std::exception& e) {  // std::system_error, std::bad_alloc
+    setup = absl::ResourceExhaustedError(absl::StrCat("cannot start thread ", threads.size() + 1,
+                                                      " of ", options.workers + 1, " (--workers ",
+                                                      options.workers, "): ", e.what()));
+  }
+  if (!setup.ok()) {
     shutdown();
-    return absl::ResourceExhaustedError(absl::StrCat("cannot start thread ", started + 1, " of ",
-                                                     options.workers + 1, " (--workers ",
-                                                     options.workers, "): ", e.what()));
+    return setup;
   }
   const auto elapsed = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

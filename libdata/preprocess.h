@@ -9,12 +9,13 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "libdata/gpt2_tokenizer.h"
+#include "libdata/tokenizer.h"
 
 namespace leantron::data {
 
@@ -23,13 +24,16 @@ struct PreprocessOptions {
   std::vector<std::string> json_keys = {"text"};
   bool split_sentences = false;
   bool keep_newlines = false;
-  std::string tokenizer_type = "GPT2BPETokenizer";
-  VocabFiles vocab;
-  bool append_eod = false;
-  // How a literal "<|endoftext|>" inside a document is tokenized: false (default) as text, as
-  // tiktoken's encode_ordinary and Megatron's legacy GPT2BPETokenizer do; true as the EOD id,
-  // as Megatron's HuggingFace-based tokenizers do.
-  bool eod_in_text_is_special = false;
+  TokenizerOptions tokenizer;  // Megatron's --tokenizer-type and its files
+  bool append_eod = false;     // the tokenizer's EOD after each non-empty document
+  // How special tokens written in a document ("<|endoftext|>", "<|begin_of_text|>", ...) are
+  // tokenized: false as text, true as their ids. Unset: what Megatron's tokenizer does for the
+  // type (text for GPT2BPETokenizer, as tiktoken's encode_ordinary and Megatron's legacy GPT-2
+  // tokenizer; ids for HuggingFaceTokenizer and TikTokenizer).
+  std::optional<bool> eod_in_text_is_special;
+  // HuggingFaceTokenizer: add the post-processor's tokens (BOS) to every sentence, as Megatron's
+  // tokenize does unless --tokenizer-hf-no-include-special-tokens.
+  bool include_special_tokens = true;
   std::string output_prefix;
   int workers = 1;
   int64_t log_interval = 1000;

@@ -79,15 +79,32 @@ std::vector<size_t> SafeCuts(const uint8_t* text, size_t size, size_t parts) {
 
 // Plain text: encode (or count) the whole input as one text, streaming in blocks cut at safe
 // split points so memory stays bounded by the block size (or the longest run without one).
-absl::Status EncodePlain(const Gpt2Tokenizer& tokenizer, const TokenizeStreamOptions& opt,
+absl::Status EncodePlain(const Tokenizer& tokenizer, const TokenizeStreamOptions& opt,
                          std::FILE* in, std::FILE* out) {
-  const int threads = std::max(opt.threads, 1);
-  std::vector<Gpt2Encoder> encoders;
-  for (int t = 0; t < threads; ++t) encoders.emplace_back(tokenizer);
+  const bool splittable = tokenizer.SplitsAtSpaces();
+  const int threads = splittable ? std::max(opt.threads, 1) : 1;
+  EncodeOptions part_options = opt.encode;
+  part_options.add_special = false;  // added once around the whole input below
+  std::vector<std::unique_ptr<TextEncoder>> encoders;
+  for (int t = 0; t < threads; ++t) encoders.push_back(tokenizer.NewEncoder(part_options));
+  std::vector<int32_t> prefix, suffix;
+  if (opt.encode.add_special) tokenizer.SpecialTokensAround(&prefix, &suffix);
   std::string buf;
   bool eof = false;
   bool wrote_any = false;
   uint64_t count = 0;
+  const auto write_ids = [&](const std::vector<int32_t>& ids) -> absl::Status {
+    count += ids.size();
+    if (opt.mode != Mode::kEncode || ids.empty()) return absl::OkStatus();
+    std::string text;
+    AppendIds(ids, &text);
+    if (wrote_any) {
+      if (absl::Status st = WriteAll(out, " "); !st.ok()) return st;
+    }
+    wrote_any = true;
+    return WriteAll(out, text);
+  };
+  if (absl::Status st = write_ids(prefix); !st.ok()) return st;
   while (!eof || !buf.empty()) {
     size_t cut = 0;
     while (!eof) {
@@ -97,7 +114,7 @@ absl::Status EncodePlain(const Gpt2Tokenizer& tokenizer, const TokenizeStreamOpt
       if (eof) break;
       // Cut at the last safe point; without one, keep reading (one huge run of text).
       const auto* text = reinterpret_cast<const uint8_t*>(buf.data());
-      for (size_t i = buf.size() - 1; i > 0 && cut == 0; --i)
+      for (size_t i = buf.size() - 1; splittable && i > 0 && cut == 0; --i)
         if (IsSafeSplit(text, i)) cut = i;
       if (cut > 0) break;
     }
@@ -107,12 +124,14 @@ absl::Status EncodePlain(const Gpt2Tokenizer& tokenizer, const TokenizeStreamOpt
     const size_t parts = cuts.size() - 1;
     std::vector<std::vector<int32_t>> ids(parts);
     std::vector<std::string> rendered(parts);
+    std::vector<absl::Status> status(parts);
     ParallelFor(parts, threads, [&](size_t k, size_t w) {
       const std::string_view chunk(buf.data() + cuts[k], cuts[k + 1] - cuts[k]);
-      encoders[w].Encode(chunk, opt.allow_special, &ids[k]);
+      status[k] = encoders[w]->Encode(chunk, &ids[k]);
       if (opt.mode == Mode::kEncode) AppendIds(ids[k], &rendered[k]);
     });
     for (size_t k = 0; k < parts; ++k) {
+      if (!status[k].ok()) return status[k];
       count += ids[k].size();
       if (opt.mode != Mode::kEncode || ids[k].empty()) continue;
       if (wrote_any) {
@@ -123,6 +142,7 @@ absl::Status EncodePlain(const Gpt2Tokenizer& tokenizer, const TokenizeStreamOpt
     }
     buf.erase(0, cut);
   }
+  if (absl::Status st = write_ids(suffix); !st.ok()) return st;
   if (opt.mode == Mode::kCount) return WriteAll(out, absl::StrCat(count, "\n"));
   return WriteAll(out, "\n");
 }
@@ -153,9 +173,10 @@ absl::Status ParseIds(std::string_view text, uint64_t first_index, const std::st
 }
 
 // Plain decode: all ids of the input are one sequence; its bytes are written unchanged.
-absl::Status DecodePlain(const Gpt2Tokenizer& tokenizer, const TokenizeStreamOptions& opt,
+absl::Status DecodePlain(const Tokenizer& tokenizer, const TokenizeStreamOptions& opt,
                          std::FILE* in, std::FILE* out) {
-  const int threads = std::max(opt.threads, 1);
+  const bool by_parts = tokenizer.DecodesPartByPart();
+  const int threads = by_parts ? std::max(opt.threads, 1) : 1;
   std::string buf;
   bool eof = false;
   uint64_t index = 0;
@@ -163,6 +184,7 @@ absl::Status DecodePlain(const Gpt2Tokenizer& tokenizer, const TokenizeStreamOpt
     absl::StatusOr<bool> more = ReadMore(in, opt.block_bytes * threads, &buf, opt.input_name);
     if (!more.ok()) return more.status();
     eof = !*more;
+    if (!by_parts && !eof) continue;  // decode the whole input at once
     // Keep a trailing partial number for the next round.
     size_t cut = buf.size();
     if (!eof) {
@@ -240,8 +262,8 @@ void AppendJsonString(std::string_view bytes, std::string* out) {
 }
 
 // One line of JSONL work: parse, then encode/count, or decode ids to a JSON object.
-absl::Status ProcessLine(const Gpt2Tokenizer& tokenizer, const TokenizeStreamOptions& opt,
-                         Gpt2Encoder& encoder, simdjson::dom::parser& parser, std::string_view line,
+absl::Status ProcessLine(const Tokenizer& tokenizer, const TokenizeStreamOptions& opt,
+                         TextEncoder& encoder, simdjson::dom::parser& parser, std::string_view line,
                          uint64_t line_no, std::vector<int32_t>& ids, std::string* out) {
   const auto where = [&] { return absl::StrCat(opt.input_name, ":", line_no); };
   ids.clear();
@@ -278,7 +300,8 @@ absl::Status ProcessLine(const Gpt2Tokenizer& tokenizer, const TokenizeStreamOpt
     return absl::InvalidArgumentError(
         absl::StrCat(where(), ": \"", opt.json_key, "\" is not a string"));
   }
-  encoder.Encode(text, opt.allow_special, &ids);
+  if (absl::Status st = encoder.Encode(text, &ids); !st.ok())
+    return absl::InvalidArgumentError(absl::StrCat(where(), ": ", st.message()));
   if (opt.mode == Mode::kCount) {
     absl::StrAppend(out, ids.size(), "\n");
   } else {
@@ -288,12 +311,12 @@ absl::Status ProcessLine(const Gpt2Tokenizer& tokenizer, const TokenizeStreamOpt
   return absl::OkStatus();
 }
 
-absl::Status RunJsonl(const Gpt2Tokenizer& tokenizer, const TokenizeStreamOptions& opt,
-                      std::FILE* in, std::FILE* out) {
+absl::Status RunJsonl(const Tokenizer& tokenizer, const TokenizeStreamOptions& opt, std::FILE* in,
+                      std::FILE* out) {
   const int threads = std::max(opt.threads, 1);
-  std::vector<Gpt2Encoder> encoders;
+  std::vector<std::unique_ptr<TextEncoder>> encoders;
   std::vector<simdjson::dom::parser> parsers(threads);
-  for (int t = 0; t < threads; ++t) encoders.emplace_back(tokenizer);
+  for (int t = 0; t < threads; ++t) encoders.push_back(tokenizer.NewEncoder(opt.encode));
   std::string buf;
   bool eof = false;
   uint64_t first_line_no = 1;
@@ -322,7 +345,7 @@ absl::Status RunJsonl(const Gpt2Tokenizer& tokenizer, const TokenizeStreamOption
       std::vector<int32_t> ids;
       for (size_t l = lo; l < hi && status[k].ok(); ++l) {
         const auto [pos, len] = lines[l];
-        status[k] = ProcessLine(tokenizer, opt, encoders[t], parsers[t],
+        status[k] = ProcessLine(tokenizer, opt, *encoders[t], parsers[t],
                                 std::string_view(buf.data() + pos, len), first_line_no + l, ids,
                                 &rendered[k]);
       }
@@ -340,7 +363,7 @@ absl::Status RunJsonl(const Gpt2Tokenizer& tokenizer, const TokenizeStreamOption
 
 }  // namespace
 
-absl::Status RunTokenizeStream(const Gpt2Tokenizer& tokenizer, const TokenizeStreamOptions& options,
+absl::Status RunTokenizeStream(const Tokenizer& tokenizer, const TokenizeStreamOptions& options,
                                std::FILE* in, std::FILE* out) {
   absl::Status st;
   if (options.jsonl) {

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "libdata/gpt2_tokenizer.h"
+#include "libdata/tokenizer.h"
 
 namespace leantron::data {
 
@@ -17,13 +17,18 @@ struct TokenizeStreamOptions {
   // line. JSONL: one JSON object per line in and one line per object out.
   bool jsonl = false;
   std::string json_key = "text";
-  bool allow_special = false;  // "<|endoftext|>" -> eod id when encoding
+  // Special tokens in the text become their ids; the tokenizer's BOS/EOS are added around the
+  // text (plain: once around the whole input; JSONL: around each document).
+  EncodeOptions encode;
   int threads = 1;
   std::string input_name = "<stdin>";  // for error messages
   size_t block_bytes = 8 << 20;        // input read per round, per thread
 };
 
-absl::Status RunTokenizeStream(const Gpt2Tokenizer& tokenizer, const TokenizeStreamOptions& options,
+// Plain text is cut into blocks (and spread over threads) only where the tokenizer guarantees
+// the same ids (Tokenizer::SplitsAtSpaces); otherwise it is read whole and encoded once. Plain
+// decoding is likewise cut only when Tokenizer::DecodesPartByPart.
+absl::Status RunTokenizeStream(const Tokenizer& tokenizer, const TokenizeStreamOptions& options,
                                std::FILE* in, std::FILE* out);
 
 }  // namespace leantron::data

@@ -3,6 +3,7 @@
 
 english      Debian Reference (en), the New Maintainers' Guide, the Linux kernel's English docs
 multilingual Debian Reference in de/fr/es/ja/zh-cn and the kernel docs' translations
+cjk          Debian Reference in Japanese and Chinese, and the kernel docs' zh/ja translations
 code         C/C++ headers under /usr/include and the Python standard library
 
 Each corpus is written as <out>/<name>.txt (documents separated by blank lines) and
@@ -53,6 +54,11 @@ def sources(name):
         langs = ["de", "fr", "es", "ja", "zh-cn"]
         paths = [f"{REF}/debian-reference.{l}.txt.gz" for l in langs]
         paths += sorted(glob.glob(f"{DOCS}/translations/**/*.rst.gz", recursive=True))
+        yield from (p for p in paths if os.path.exists(p))
+    elif name == "cjk":
+        paths = [f"{REF}/debian-reference.{l}.txt.gz" for l in ["ja", "zh-cn"]]
+        for lang in ["ja_JP", "zh_CN", "zh_TW"]:
+            paths += sorted(glob.glob(f"{DOCS}/translations/{lang}/**/*.rst.gz", recursive=True))
         yield from (p for p in paths if os.path.exists(p))
     elif name == "code":
         yield from sorted(glob.glob("/usr/include/**/*.h", recursive=True))

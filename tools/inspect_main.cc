@@ -10,6 +10,7 @@
 #include "libckpt/checkpoint_source.h"
 #include "libckpt/inspect.h"
 #include "libdata/dataset_inspect.h"
+#include "libdata/tokenizer_flags.h"
 
 namespace {
 
@@ -38,9 +39,7 @@ int main(int argc, char** argv) {
       ->required();
   dataset_cmd->add_option("--document", document, "Print (and decode) document K")
       ->check(CLI::NonNegativeNumber);
-  dataset_cmd->add_option("--vocab-file", dataset.vocab.vocab_file, "GPT-2 encoder.json");
-  dataset_cmd->add_option("--merge-file", dataset.vocab.merge_file, "GPT-2 vocab.bpe");
-  dataset_cmd->add_option("--tiktoken-file", dataset.vocab.tiktoken_file, "gpt2.tiktoken");
+  leantron::data::AddTokenizerFlags(dataset_cmd, &dataset.tokenizer);
   dataset_cmd->add_option("--sample", sample, "Print (and decode) GPT sample K of --split-name")
       ->check(CLI::NonNegativeNumber);
   dataset_cmd->add_option("--seq-length", dataset.gpt.seq_length, "Megatron --seq-length")

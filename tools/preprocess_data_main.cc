@@ -7,13 +7,14 @@
 
 #include "CLI/CLI.hpp"
 #include "libdata/preprocess.h"
+#include "libdata/tokenizer_flags.h"
 #include "libfs/atomic_file.h"
 
 int main(int argc, char** argv) {
   CLI::App app{
       "Tokenize a JSONL corpus into Megatron .bin/.idx files (Megatron's preprocess_data.py)"};
   leantron::data::PreprocessOptions options;
-  std::string eod_in_text = "text";
+  std::string eod_in_text;
   std::string lang = "english";
   int partitions = 1;
   bool keep_sequential_samples = false;
@@ -26,19 +27,18 @@ int main(int argc, char** argv) {
   app.add_flag("--split-sentences", options.split_sentences, "Split documents into sentences");
   app.add_flag("--keep-newlines", options.keep_newlines,
                "Keep whitespace and newlines between sentences when splitting");
-  app.add_option("--tokenizer-type", options.tokenizer_type, "Only GPT2BPETokenizer")
-      ->capture_default_str();
-  app.add_option("--vocab-file", options.vocab.vocab_file, "GPT-2 encoder.json");
-  app.add_option("--merge-file", options.vocab.merge_file, "GPT-2 vocab.bpe");
-  app.add_option("--tiktoken-file", options.vocab.tiktoken_file,
-                 "gpt2.tiktoken rank file (instead of --vocab-file/--merge-file)");
-  app.add_flag("--append-eod", options.append_eod, "Append <|endoftext|> to every document");
-  app.add_option(
-         "--eod-in-text", eod_in_text,
-         "A literal <|endoftext|> in a document: 'text' (default; tiktoken encode_ordinary, "
-         "Megatron's GPT2BPETokenizer) or 'special' (the EOD id, as Megatron's HF tokenizers)")
-      ->check(CLI::IsMember({"text", "special"}))
-      ->capture_default_str();
+  leantron::data::AddTokenizerFlags(&app, &options.tokenizer);
+  app.add_flag("--append-eod", options.append_eod,
+               "Append the tokenizer's EOD (<|endoftext|>, </s>, ...) to every document");
+  app.add_option("--eod-in-text", eod_in_text,
+                 "Special tokens written in a document (<|endoftext|>, <|begin_of_text|>, ...): "
+                 "'text' or 'special' (their ids). Default: as Megatron's tokenizer for the type "
+                 "(text for GPT2BPETokenizer, special for HuggingFaceTokenizer and TikTokenizer)")
+      ->check(CLI::IsMember({"text", "special"}));
+  bool no_include_special = false;
+  app.add_flag("--tokenizer-hf-no-include-special-tokens", no_include_special,
+               "HuggingFaceTokenizer: do not add the post-processor's tokens (BOS) to each "
+               "sentence");
   app.add_option("--lang", lang,
                  "Accepted for compatibility (ICU English sentence rules are used)");
   app.add_option("--output-prefix", options.output_prefix,
@@ -56,7 +56,8 @@ int main(int argc, char** argv) {
                "Skip and count malformed lines instead of stopping at the first");
   CLI11_PARSE(app, argc, argv);
   leantron::fs::InstallTempFileCleanupOnSignals();
-  options.eod_in_text_is_special = eod_in_text == "special";
+  if (!eod_in_text.empty()) options.eod_in_text_is_special = eod_in_text == "special";
+  options.include_special_tokens = !no_include_special;
   options.log = &std::cerr;
   options.progress_bar = ::isatty(STDERR_FILENO) != 0;
 

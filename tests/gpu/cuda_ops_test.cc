@@ -1,6 +1,7 @@
 // The cuda backend of Ops against the cpu reference: every method of CudaOps on fresh random
 // inputs of awkward sizes, GPU outputs poisoned with NaN first so a skipped element fails.
 #include "tests/gpu/gpu_test_util.h"
+#include "trainer/core/layer_spec.h"
 #include "trainer/cuda/kernels/kernels.h"
 
 namespace leantron::trainer::cuda {
@@ -219,12 +220,17 @@ TEST_F(CudaOpsTest, Rope) {
   struct Case {
     int64_t batch, seq, heads, groups, dim;
   };
+  ckpt::RopeScaling llama3;
+  llama3.llama3 = true;
+  llama3.original_max_position_embeddings = 64;
   for (const Case& c : {Case{2, 37, 4, 4, 16}, Case{2, 37, 4, 2, 16}, Case{1, 300, 8, 1, 64}}) {
     for (bool inverse : {false, true}) {
+      const std::vector<double> f =
+          RopeInverseFrequencies(10000.0, c.dim, c.dim == 64 ? llama3 : ckpt::RopeScaling{});
       auto qkv = Rand(c.batch * c.seq * (c.heads + 2 * c.groups) * c.dim, 50);
       float* d = Up(qkv);
-      gpu_->Rope(d, c.batch, c.seq, c.heads, c.groups, c.dim, 10000.0, inverse);
-      cpu_->Rope(qkv.data(), c.batch, c.seq, c.heads, c.groups, c.dim, 10000.0, inverse);
+      gpu_->Rope(d, c.batch, c.seq, c.heads, c.groups, c.dim, f, inverse);
+      cpu_->Rope(qkv.data(), c.batch, c.seq, c.heads, c.groups, c.dim, f, inverse);
       EXPECT_TRUE(Close(Down(d, qkv.size()), qkv, 1e-5))
           << "groups " << c.groups << " inverse " << inverse;
     }

@@ -1,10 +1,11 @@
 // Every bf16 module of trainer/cuda/nn alone against its float32 reference module
 // (trainer/reference/modules.h) built from the same LayerSpec, forward and backward, on the GPU:
-// Norm (the residual add and dropout fused in), AttentionBlock, MlpBlock (erf and tanh GELU),
-// Embedding, OutputHead, and a whole TransformerLayer. The reference runs on CpuOps in float32 on
-// the same bf16-rounded inputs and weights; outputs and every parameter gradient must agree within
-// bf16 accuracy (‖got − want‖ / ‖want‖), and GPU outputs are poisoned with NaN first so an
-// element a module does not write fails.
+// Norm (the residual add and dropout fused in), AttentionBlock, MlpBlock and a whole
+// TransformerLayer for GPT-2 layers (erf and tanh GELU) and Llama layers (RMSNorm, SwiGLU, RoPE
+// with Llama 3.1's scaling, grouped queries, no biases), Embedding and OutputHead. The reference
+// runs on CpuOps in float32 on the same bf16-rounded inputs and weights; outputs and every
+// parameter gradient must agree within bf16 accuracy (‖got − want‖ / ‖want‖), and GPU outputs are
+// poisoned with NaN first so an element a module does not write fails.
 #include "trainer/cuda/nn/modules.h"
 
 #include <cmath>
@@ -59,14 +60,24 @@ HiddenDropout Drop(float p, int site) {
   return d;
 }
 
-// One tiny GPT-2-style layer and its ends, the weights random, held twice: on the host for the
+enum class Arch { kGpt2Erf, kGpt2Tanh, kLlama };
+
+// One tiny layer and its ends, the weights random, held twice: on the host for the
 // reference (linear weights rounded to bf16, as the bf16 model computes with them) and on the
 // device as the bf16 model holds them (fp32, a bf16 copy, fp32 gradients).
 class ModulesTest : public GpuTest {
  protected:
-  void Build(ckpt::Activation activation) {
-    config_ = ckpt::Gpt2StyleConfig(1, 64, 4, 100, kSeq);
-    config_.activation = activation;
+  void Build(Arch arch) {
+    if (arch == Arch::kLlama) {
+      config_ = ckpt::LlamaStyleConfig(1, 64, 128, 4, 2, 100, kSeq);
+      // Scaled: wavelengths beyond 16 positions stretched, between 4 and 16 interpolated.
+      config_.rope_scaling.llama3 = true;
+      config_.rope_scaling.original_max_position_embeddings = 16;
+    } else {
+      config_ = ckpt::Gpt2StyleConfig(1, 64, 4, 100, kSeq);
+      config_.activation =
+          arch == Arch::kGpt2Erf ? ckpt::Activation::kGelu : ckpt::Activation::kGeluTanh;
+    }
     config_.make_vocab_size_divisible_by = 64;
     config_.untie_embeddings_and_output_weights = true;
     auto layout = ckpt::ModelLayout::Create(config_, {});
@@ -109,7 +120,10 @@ class ModulesTest : public GpuTest {
 
     RowGeometry geo{kRows, kRows, 0, h_};
     tp_ = std::make_unique<TensorParallel>(nullptr, false, geo, false, &prof_);
-    auto attention = FlashAttention::Create(kBatch, kSeq, shard_.heads, shard_.groups, 16);
+    const AttentionSpec& as = spec_.layers[0].attention;
+    auto attention = FlashAttention::Create(
+        kBatch, kSeq, shard_.heads, shard_.groups, 16,
+        as.interleaved_mha() ? QkvLayout::kInterleaved : QkvLayout::kGrouped);
     ASSERT_TRUE(attention.ok()) << attention.status();
     attention_ = std::move(*attention);
     ctx_.memory = &memory_;
@@ -125,7 +139,18 @@ class ModulesTest : public GpuTest {
     ctx_.dln = memory_.Alloc<bf16>(kRows * h_);
     ctx_.dqkv = memory_.Alloc<bf16>(kRows * shard_.qkv_width);
     ctx_.datt = memory_.Alloc<bf16>(kRows * shard_.attn_width);
-    ctx_.dfc = memory_.Alloc<bf16>(kRows * shard_.ffn);
+    ctx_.dfc = memory_.Alloc<bf16>(kRows * shard_.fc1_width);
+    ctx_.dqkv_attention = memory_.Alloc<bf16>(kRows * shard_.qkv_width);
+    ctx_.dact = memory_.Alloc<bf16>(kRows * shard_.ffn);
+    if (as.rope) {
+      std::vector<float> cos, sin;
+      RopeTable(RopeInverseFrequencies(as.rotary_base, as.head_dim, as.rope_scaling), kSeq, &cos,
+                &sin);
+      rope_cos_ = std::make_unique<Dev<float>>(cos);
+      rope_sin_ = std::make_unique<Dev<float>>(sin);
+      ctx_.rope_cos = rope_cos_->get();
+      ctx_.rope_sin = rope_sin_->get();
+    }
     ctx_.attn_workspace = memory_.Alloc<char>(attention_->workspace_bytes());
     BindLayerTensors(
         &w_, 0, [&](const std::string& s) -> const bf16* { return At(b16_->get(), s); },
@@ -139,6 +164,14 @@ class ModulesTest : public GpuTest {
     return v == nullptr ? nullptr : base + v->offset;
   }
   float* Host(size_t n) { return host_.emplace_back(n, 0.0f).data(); }
+  // Every gradient of the tensors whose names start with `prefix`.
+  void ExpectGradsOf(const std::string& prefix, double tol) {
+    std::vector<std::string> names;
+    for (const ParamView& v : params_->views())
+      if (v.name.rfind(prefix, 0) == 0) names.push_back(v.name);
+    ASSERT_FALSE(names.empty()) << prefix;
+    ExpectGrads(names, tol);
+  }
   // Every gradient of `names`, bf16 model's against the reference's.
   void ExpectGrads(const std::vector<std::string>& names, double tol) {
     const std::vector<float> got = grad_->Download();
@@ -175,9 +208,10 @@ class ModulesTest : public GpuTest {
   std::unique_ptr<CoreAttention> attention_;
   ModuleContext ctx_;
   LayerTensors<bf16> w_;
+  std::unique_ptr<Dev<float>> rope_cos_, rope_sin_;
 };
 
-class BlockTest : public ModulesTest, public ::testing::WithParamInterface<ckpt::Activation> {};
+class BlockTest : public ModulesTest, public ::testing::WithParamInterface<Arch> {};
 
 TEST_P(BlockTest, MlpBlock) {
   Build(GetParam());
@@ -209,9 +243,7 @@ TEST_P(BlockTest, MlpBlock) {
   std::vector<bf16> din(kRows * h_);
   LT_CUDA_CHECK(cudaMemcpy(din.data(), ctx_.dln, din.size() * sizeof(bf16), cudaMemcpyDefault));
   EXPECT_TRUE(RelClose(FromT<bf16>(din), dx, 2e-2)) << "input gradient";
-  ExpectGrads({L("mlp.linear_fc1.weight"), L("mlp.linear_fc1.bias"), L("mlp.linear_fc2.weight"),
-               L("mlp.linear_fc2.bias")},
-              2e-2);
+  ExpectGradsOf(L("mlp."), 2e-2);
 }
 
 TEST_P(BlockTest, AttentionBlock) {
@@ -237,15 +269,16 @@ TEST_P(BlockTest, AttentionBlock) {
   std::vector<bf16> got(kRows * h_);
   LT_CUDA_CHECK(cudaMemcpy(got.data(), out.local, got.size() * sizeof(bf16), cudaMemcpyDefault));
   EXPECT_TRUE(RelClose(FromT<bf16>(got), y, 1e-2)) << "output";
-  EXPECT_TRUE(RelClose(DownF(qkv), std::vector<float>(rs.qkv, rs.qkv + qkv.size()), 1e-2)) << "qkv";
+  if (spec_.layers[0].attention.interleaved_mha()) {  // else the attention layout, rotated
+    EXPECT_TRUE(RelClose(DownF(qkv), std::vector<float>(rs.qkv, rs.qkv + qkv.size()), 1e-2))
+        << "qkv";
+  }
   Dev<bf16> dout(ToT<bf16>(dy));
   block.Backward(dout.get(), in.get(), a, ctx_.dln);
   std::vector<bf16> din(kRows * h_);
   LT_CUDA_CHECK(cudaMemcpy(din.data(), ctx_.dln, din.size() * sizeof(bf16), cudaMemcpyDefault));
   EXPECT_TRUE(RelClose(FromT<bf16>(din), dx, 2e-2)) << "input gradient";
-  ExpectGrads({L("self_attention.linear_qkv.weight"), L("self_attention.linear_qkv.bias"),
-               L("self_attention.linear_proj.weight"), L("self_attention.linear_proj.bias")},
-              2e-2);
+  ExpectGradsOf(L("self_attention."), 2e-2);
 }
 
 // The whole layer: its input norm, attention, the residual + pre-MLP norm, the MLP (its output
@@ -318,17 +351,18 @@ TEST_P(BlockTest, TransformerLayer) {
   ExpectGrads(names, 3e-2);
 }
 
-INSTANTIATE_TEST_SUITE_P(Activations, BlockTest,
-                         ::testing::Values(ckpt::Activation::kGelu, ckpt::Activation::kGeluTanh),
+INSTANTIATE_TEST_SUITE_P(Layers, BlockTest,
+                         ::testing::Values(Arch::kGpt2Erf, Arch::kGpt2Tanh, Arch::kLlama),
                          [](const auto& info) {
-                           return std::string(info.param == ckpt::Activation::kGelu ? "ErfGelu"
-                                                                                    : "TanhGelu");
+                           return std::string(info.param == Arch::kGpt2Erf    ? "Gpt2ErfGelu"
+                                              : info.param == Arch::kGpt2Tanh ? "Gpt2TanhGelu"
+                                                                              : "Llama");
                          });
 
 // x = residual + dropout(branch + addend), the norm of x, and back: d(x) with the residual's
 // gradient added, and the branch's gradient through the dropout.
-TEST_F(ModulesTest, NormWithResidualAndDropout) {
-  Build(ckpt::Activation::kGeluTanh);
+TEST_P(BlockTest, NormWithResidualAndDropout) {
+  Build(GetParam());
   if (HasFatalFailure()) return;
   const int64_t n = kRows * h_;
   const float p = 0.1f;
@@ -361,7 +395,7 @@ TEST_F(ModulesTest, NormWithResidualAndDropout) {
   EXPECT_TRUE(RelClose(DownF(xo), x, 1e-3)) << "x";
   EXPECT_TRUE(RelClose(DownF(out), y, 1e-2)) << "norm output";
   EXPECT_TRUE(RelClose(rstd.Download(), std::vector<float>(rs.rstd, rs.rstd + kRows), 1e-4))
-      << "1/std";
+      << "1/std or 1/rms";
   bf16* db = norm.Backward(dx_dev.get(), dout_dev.get(), dx_dev.get(), xo.get(),
                            {mean.get(), rstd.get()}, Drop(p, 1));
   ASSERT_EQ(db, ctx_.dbranch_full) << "with dropout the branch's gradient is its own buffer";
@@ -369,7 +403,7 @@ TEST_F(ModulesTest, NormWithResidualAndDropout) {
   LT_CUDA_CHECK(cudaMemcpy(dbranch_got.data(), db, n * sizeof(bf16), cudaMemcpyDefault));
   EXPECT_TRUE(RelClose(DownF(dx_dev), dx, 1e-2)) << "d(x)";
   EXPECT_TRUE(RelClose(FromT<bf16>(dbranch_got), dbranch, 1e-2)) << "d(branch)";
-  ExpectGrads({L("pre_mlp_layernorm.weight"), L("pre_mlp_layernorm.bias")}, 1e-2);
+  ExpectGradsOf(L("pre_mlp_layernorm."), 1e-2);
   // No dropout, no SP: the branch's gradient is d(x) itself.
   EXPECT_EQ(norm.Backward(dx_dev.get(), dout_dev.get(), dx_dev.get(), xo.get(),
                           {mean.get(), rstd.get()}, Drop(0.0f, 1)),
@@ -377,7 +411,7 @@ TEST_F(ModulesTest, NormWithResidualAndDropout) {
 }
 
 TEST_F(ModulesTest, Embedding) {
-  Build(ckpt::Activation::kGeluTanh);
+  Build(Arch::kGpt2Tanh);
   if (HasFatalFailure()) return;
   const int64_t n = kRows * h_;
   const float p = 0.1f;
@@ -411,7 +445,7 @@ TEST_F(ModulesTest, Embedding) {
 // device, and the gradient back to the input and into the output weight, scaled as the forward
 // was told.
 TEST_F(ModulesTest, OutputHead) {
-  Build(ckpt::Activation::kGeluTanh);
+  Build(Arch::kGpt2Tanh);
   if (HasFatalFailure()) return;
   const int64_t n = kRows * h_;
   const auto x = RoundT<bf16>(Rand(n, 14));

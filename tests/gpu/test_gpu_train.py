@@ -33,12 +33,20 @@ def common(data, iters):
                     "--attention-dropout", "0", "--seed", "7"]
 
 
+# Llama layers: RMSNorm, SwiGLU, RoPE, grouped queries (2 heads, 1 key/value head), untied, no
+# biases.
+LLAMA = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
+         "--group-query-attention", "--num-query-groups", "1",
+         "--untie-embeddings-and-output-weights", "--disable-bias-linear"]
+
+
 # Without hidden dropout the bf16 backward writes each residual site's gradient once (the branch
-# reads the residual's): both paths against the CPU.
-@pytest.mark.parametrize("dropout", ["0.1", "0"])
-def test_bf16_loss_curve_follows_the_cpu_float32_run(dataset, tmp_path, dropout):
-    cpu = run_train(common(dataset, 100) + ["--hidden-dropout", dropout], timeout=900)
-    gpu = run_train(common(dataset, 100) + ["--hidden-dropout", dropout, "--bf16"])
+# reads the residual's): both paths against the CPU; and Llama layers.
+@pytest.mark.parametrize("dropout,arch", [("0.1", []), ("0", []), ("0.1", LLAMA)],
+                         ids=["gpt2", "gpt2-no-dropout", "llama"])
+def test_bf16_loss_curve_follows_the_cpu_float32_run(dataset, tmp_path, dropout, arch):
+    cpu = run_train(common(dataset, 100) + ["--hidden-dropout", dropout] + arch, timeout=900)
+    gpu = run_train(common(dataset, 100) + ["--hidden-dropout", dropout, "--bf16"] + arch)
     c_train, c_valid = parse_log(cpu.stdout)
     g_train, g_valid = parse_log(gpu.stdout)
     assert sorted(g_train) == list(range(1, 101))

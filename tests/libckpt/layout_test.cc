@@ -234,12 +234,15 @@ TEST(LayoutTest, ConfigJsonRoundTrip) {
   config.rotary_base = 500000.0;
   config.norm_epsilon = 1e-6;
   config.params_dtype = DType::kBF16;
-  config.rope_scaling_json = R"({"rope_type":"llama3","factor":8.0})";
+  config.rope_scaling.llama3 = true;
+  config.rope_scaling.factor = 32.0;
+  config.rope_scaling.original_max_position_embeddings = 8192;
   auto back = ModelConfigFromJson(ModelConfigToJson(config));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(ModelConfigToJson(*back), ModelConfigToJson(config));
   EXPECT_EQ(back->norm_epsilon, 1e-6);
   EXPECT_EQ(back->params_dtype, DType::kBF16);
+  EXPECT_EQ(back->rope_scaling, config.rope_scaling);
 }
 
 }  // namespace

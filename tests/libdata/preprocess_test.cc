@@ -21,7 +21,8 @@ PreprocessOptions Options(const ScratchDir& dir, const std::string& input) {
   const std::string vocab = testing::VocabDir();
   PreprocessOptions o;
   o.inputs = {input};
-  o.vocab = {vocab + "/encoder.json", vocab + "/vocab.bpe", ""};
+  o.tokenizer.vocab_file = vocab + "/encoder.json";
+  o.tokenizer.merge_file = vocab + "/vocab.bpe";
   o.output_prefix = dir / "out";
   o.append_eod = true;
   return o;

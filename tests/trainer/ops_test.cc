@@ -11,6 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "libckpt/dtype.h"
+#include "trainer/core/layer_spec.h"
 
 namespace leantron::trainer {
 namespace {
@@ -303,13 +304,14 @@ TEST_F(OpsTest, RopeRotatesQueriesAndKeysAndItsInverseIsTheBackward) {
           }
     return out;
   };
+  const std::vector<double> inv_freq = RopeInverseFrequencies(base, Dh, {});
   auto y = qkv;
-  ops_->Rope(y.data(), B, T, H, G, Dh, base, false);
+  ops_->Rope(y.data(), B, T, H, G, Dh, inv_freq, false);
   ExpectNear(y, ref(D(qkv)), 1e-5, "rope");
   // The backward of a linear map is its transpose: <rope(x), r> == <x, rope⁻¹(r)>.
   auto r = Rand(qkv.size(), 37);
   auto back = r;
-  ops_->Rope(back.data(), B, T, H, G, Dh, base, true);
+  ops_->Rope(back.data(), B, T, H, G, Dh, inv_freq, true);
   const Vec R = D(r);
   ExpectNear(back, NumGrad([&](const Vec& v) { return Dotted(ref(v), R); }, D(qkv)), 1e-5, "drope");
 }

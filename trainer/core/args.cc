@@ -6,12 +6,14 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "libdata/tokenizer.h"
 #include "trainer/core/scheduler.h"
 
 namespace leantron::trainer {
 
 int64_t TrainArgs::true_vocab_size() const {
   if (tokenizer_type == "NullTokenizer") return vocab_size + 1;  // Megatron adds the EOD id
+  if (tokenizer_vocab_size > 0) return tokenizer_vocab_size;
   return 50257;
 }
 
@@ -35,10 +37,21 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
                  "Vocabulary padding unit (default 128)");
   app.add_option("--norm-epsilon,--layernorm-epsilon", a->norm_epsilon, "LayerNorm epsilon");
   app.add_option("--tokenizer-type", a->tokenizer_type,
-                 "GPT2BPETokenizer (vocab 50257) or NullTokenizer (--vocab-size ids + EOD)");
-  app.add_option("--vocab-size", a->vocab_size, "NullTokenizer vocabulary size");
+                 "GPT2BPETokenizer (vocab 50257), NullTokenizer (--vocab-size ids + EOD), or "
+                 "HuggingFaceTokenizer, TikTokenizer, SentencePieceTokenizer, Llama2Tokenizer, "
+                 "GPTSentencePieceTokenizer (--tokenizer-model; vocabulary size and EOD read "
+                 "from it)");
+  app.add_option("--vocab-size", a->vocab_size,
+                 "NullTokenizer vocabulary size; TikTokenizer (v1/v2) vocabulary size");
   app.add_option("--vocab-file", a->vocab_file, "GPT-2 vocab.json (only the size is used)");
   app.add_option("--merge-file", a->merge_file, "GPT-2 merges.txt (only the size is used)");
+  app.add_option("--tokenizer-model", a->tokenizer_model,
+                 "tokenizer.json (or its folder), tiktoken ranks, or SentencePiece model");
+  app.add_option("--tiktoken-pattern", a->tiktoken_pattern, "TikTokenizer pattern");
+  app.add_option("--tiktoken-num-special-tokens", a->tiktoken_num_special_tokens,
+                 "TikTokenizer (v1/v2) special tokens");
+  app.add_option("--tokenizer-special-tokens", a->tokenizer_special_tokens,
+                 "TikTokenizer (v1/v2) special tokens");
   // Parallelism.
   app.add_option("--tensor-model-parallel-size", a->tensor_model_parallel_size, "TP size");
   app.add_option("--pipeline-model-parallel-size", a->pipeline_model_parallel_size, "PP size");
@@ -150,6 +163,11 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
   app.add_option("--position-embedding-type", a->position_embedding_type,
                  "learned_absolute or rope");
   app.add_option("--rotary-base", a->rotary_base, "RoPE base (default 10000)");
+  app.add_flag("--use-rope-scaling", a->use_rope_scaling,
+               "Llama 3.1's rope scaling (HF rope_type llama3: low_freq_factor 1, high_freq_factor "
+               "4, original context 8192)");
+  app.add_option("--rope-scaling-factor", a->rope_scaling_factor,
+                 "Its factor (default 8; Llama 3.2's is 32)");
   app.add_flag("--swiglu", a->swiglu, "SwiGLU MLP (silu(gate)·up)");
   app.add_flag("--group-query-attention", a->group_query_attention, "Grouped-query attention");
   app.add_option("--num-query-groups", a->num_query_groups, "Query groups (with GQA)");
@@ -179,6 +197,7 @@ absl::Status ValidateTrainArgs(TrainArgs* a) {
                          {"--hidden-dropout", a->hidden_dropout},
                          {"--attention-dropout", a->attention_dropout},
                          {"--rotary-base", a->rotary_base},
+                         {"--rope-scaling-factor", a->rope_scaling_factor},
                          {"--norm-epsilon", a->norm_epsilon}}) {
     if (!std::isfinite(v)) return bad(flag, " must be a finite number, not ", v);
   }
@@ -194,6 +213,8 @@ absl::Status ValidateTrainArgs(TrainArgs* a) {
     return bad("--adam-beta1 and --adam-beta2 must be in [0, 1)");
   if (a->adam_eps <= 0) return bad("--adam-eps must be positive, not ", a->adam_eps);
   if (a->rotary_base <= 0) return bad("--rotary-base must be positive, not ", a->rotary_base);
+  if (a->rope_scaling_factor <= 0)
+    return bad("--rope-scaling-factor must be positive, not ", a->rope_scaling_factor);
   const TrainArgs::Unsupported& u = a->unsupported;
   if (u.fp16) return bad("--fp16 is not implemented (loss scaling); use --bf16");
   if (a->context_parallel_size != 1) return bad("context parallelism is not implemented yet");
@@ -234,9 +255,22 @@ absl::Status ValidateTrainArgs(TrainArgs* a) {
     return bad("dropout probabilities must be in [0, 1)");
   if (a->tokenizer_type == "NullTokenizer") {
     if (a->vocab_size <= 0) return bad("NullTokenizer needs --vocab-size");
-  } else if (a->tokenizer_type != "GPT2BPETokenizer") {
-    return bad("--tokenizer-type must be GPT2BPETokenizer or NullTokenizer, not ",
-               a->tokenizer_type);
+    a->eod_id = a->vocab_size;
+  } else if (a->tokenizer_type == "GPT2BPETokenizer") {
+    a->eod_id = 50256;
+  } else {
+    // The other types are read for the vocabulary size Megatron's tokenizer reports.
+    data::TokenizerOptions t;
+    t.type = a->tokenizer_type;
+    t.model = a->tokenizer_model;
+    t.tiktoken_pattern = a->tiktoken_pattern;
+    t.vocab_size = a->vocab_size;
+    t.tiktoken_num_special_tokens = a->tiktoken_num_special_tokens;
+    t.special_tokens = a->tokenizer_special_tokens;
+    absl::StatusOr<std::unique_ptr<data::Tokenizer>> tokenizer = data::LoadTokenizer(t);
+    if (!tokenizer.ok()) return tokenizer.status();
+    a->tokenizer_vocab_size = (*tokenizer)->vocab_size();
+    a->eod_id = (*tokenizer)->eod_id().value_or(-1);
   }
   if (!(a->distributed_timeout_minutes > 0) || a->rendezvous_timeout_seconds <= 0 ||
       a->heartbeat_timeout_seconds <= 0)
@@ -251,6 +285,8 @@ absl::Status ValidateTrainArgs(TrainArgs* a) {
     return bad("--num-attention-heads ", a->num_attention_heads, " is not divisible by TP ", tp);
   if (a->num_query_groups % tp != 0)
     return bad("--num-query-groups ", a->num_query_groups, " is not divisible by TP ", tp);
+  if (a->use_rope_scaling && a->position_embedding_type != "rope")
+    return bad("--use-rope-scaling needs --position-embedding-type rope");
   if (a->position_embedding_type == "rope" && a->kv_channels % 2 != 0)
     return bad("rope needs an even head dimension, not ", a->kv_channels);
   if (a->ffn_hidden_size % tp != 0)
@@ -360,6 +396,9 @@ ckpt::ModelConfig ModelConfigFromArgs(const TrainArgs& a) {
                                   ? ckpt::PositionEmbedding::kRope
                                   : ckpt::PositionEmbedding::kLearnedAbsolute;
   c.rotary_base = a.rotary_base;
+  // Megatron's --use-rope-scaling fixes the other three at Llama 3.1's values.
+  c.rope_scaling.llama3 = a.use_rope_scaling;
+  if (a.use_rope_scaling) c.rope_scaling.factor = a.rope_scaling_factor;
   c.add_bias_linear = !a.disable_bias_linear;
   c.add_qkv_bias = !a.disable_bias_linear || a.add_qkv_bias;
   c.untie_embeddings_and_output_weights = a.untie_embeddings;

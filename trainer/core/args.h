@@ -29,12 +29,23 @@ struct TrainArgs {
   bool disable_bias_linear = false, add_qkv_bias = false;
   int64_t num_query_groups = 0;
   double rotary_base = 10000.0;
+  // Megatron's --use-rope-scaling / --rope-scaling-factor: Llama 3.1's scaling of the rotary
+  // frequencies (low_freq_factor 1, high_freq_factor 4, original context 8192).
+  bool use_rope_scaling = false;
+  double rope_scaling_factor = 8.0;
   double init_method_std = 0.02, hidden_dropout = 0.1, attention_dropout = 0.1;
   int64_t make_vocab_size_divisible_by = 128;
   double norm_epsilon = 1e-5;
   std::string tokenizer_type = "GPT2BPETokenizer";
-  int64_t vocab_size = 0;  // NullTokenizer's --vocab-size
+  int64_t vocab_size = 0;  // NullTokenizer's and TikTokenizer's --vocab-size
   std::string vocab_file, merge_file;
+  // HuggingFaceTokenizer, TikTokenizer, SentencePiece types: the tokenizer is loaded by
+  // ValidateTrainArgs for its vocabulary size and EOD (libdata/tokenizer.h).
+  std::string tokenizer_model, tiktoken_pattern;
+  int64_t tiktoken_num_special_tokens = 1000;
+  std::vector<std::string> tokenizer_special_tokens;
+  int64_t tokenizer_vocab_size = 0;  // derived: the loaded tokenizer's vocabulary (0: not loaded)
+  int64_t eod_id = -1;               // derived: the tokenizer's EOD (-1: none)
   // Parallelism.
   int tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1;
   int context_parallel_size = 1;  // a dimension of the process grid; 1 until CP is built

@@ -1,5 +1,7 @@
 #include "trainer/core/layer_spec.h"
 
+#include <cmath>
+
 namespace leantron::trainer {
 
 ModelSpec ModelSpecFromConfig(const ckpt::ModelConfig& c, int64_t padded_vocab) {
@@ -23,6 +25,7 @@ ModelSpec ModelSpecFromConfig(const ckpt::ModelConfig& c, int64_t padded_vocab) 
   l.attention.proj_bias = c.add_bias_linear;
   l.attention.rope = c.position_embedding_type == ckpt::PositionEmbedding::kRope;
   l.attention.rotary_base = c.rotary_base;
+  l.attention.rope_scaling = c.rope_scaling;
   l.mlp.activation = c.activation;
   l.mlp.ffn = c.ffn_hidden_size;
   l.mlp.bias = c.add_bias_linear;
@@ -40,6 +43,46 @@ LayerShard ShardOf(const LayerSpec& spec, int tp_size) {
   s.ffn = spec.mlp.ffn / tp_size;
   s.fc1_width = spec.mlp.gated() ? 2 * s.ffn : s.ffn;
   return s;
+}
+
+std::vector<double> RopeInverseFrequencies(double base, int64_t head_dim,
+                                           const ckpt::RopeScaling& scaling) {
+  const int64_t half = head_dim / 2;
+  std::vector<double> f(half);
+  for (int64_t i = 0; i < half; ++i)
+    f[i] = std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+  if (!scaling.llama3) return f;
+  // Wavelengths beyond the original context / low_freq_factor are stretched by `factor`, those
+  // below original / high_freq_factor kept, and those between interpolated.
+  const double original = static_cast<double>(scaling.original_max_position_embeddings);
+  const double low_wavelen = original / scaling.low_freq_factor;
+  const double high_wavelen = original / scaling.high_freq_factor;
+  for (double& theta : f) {
+    const double wavelen = 2.0 * M_PI / theta;
+    if (wavelen < high_wavelen) continue;
+    if (wavelen > low_wavelen) {
+      theta /= scaling.factor;
+      continue;
+    }
+    const double smooth = (original / wavelen - scaling.low_freq_factor) /
+                          (scaling.high_freq_factor - scaling.low_freq_factor);
+    theta = (1.0 - smooth) * theta / scaling.factor + smooth * theta;
+  }
+  return f;
+}
+
+void RopeTable(const std::vector<double>& inv_freq, int64_t seq, std::vector<float>* cos,
+               std::vector<float>* sin) {
+  const int64_t half = static_cast<int64_t>(inv_freq.size());
+  cos->resize(seq * half);
+  sin->resize(seq * half);
+  for (int64_t t = 0; t < seq; ++t) {
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(t) * inv_freq[i];
+      (*cos)[t * half + i] = static_cast<float>(std::cos(angle));
+      (*sin)[t * half + i] = static_cast<float>(std::sin(angle));
+    }
+  }
 }
 
 }  // namespace leantron::trainer

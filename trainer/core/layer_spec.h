@@ -24,6 +24,10 @@ struct AttentionSpec {
   bool qkv_bias = true, proj_bias = true;
   bool rope = false;  // rotary position embedding on the queries and keys
   double rotary_base = 10000.0;
+  ckpt::RopeScaling rope_scaling;
+  // Megatron-Core's grouped qkv layout read as plain multi-head attention (no RoPE, groups ==
+  // heads): the layout the bf16 model's attention reads without rearranging.
+  bool interleaved_mha() const { return !rope && query_groups == heads; }
 };
 
 struct MlpSpec {
@@ -63,5 +67,15 @@ struct LayerShard {
   int64_t fc1_width = 0;   // linear_fc1's output: ffn, or 2·ffn when gated
 };
 LayerShard ShardOf(const LayerSpec& spec, int tp_size);
+
+// The rotary frequencies θ_i of the dimension pairs i < head_dim/2 (rotate-half pairs i and
+// i + head_dim/2): base^(−2i/head_dim), with Llama 3.1's scaling applied when asked (HF's
+// rope_type "llama3", Megatron's --use-rope-scaling). In double.
+std::vector<double> RopeInverseFrequencies(double base, int64_t head_dim,
+                                           const ckpt::RopeScaling& scaling);
+// cos(t·θ_i) and sin(t·θ_i) for positions t < seq, [seq, head_dim/2] row-major: computed in double
+// and rounded to float, so every backend rotates by the same values.
+void RopeTable(const std::vector<double>& inv_freq, int64_t seq, std::vector<float>* cos,
+               std::vector<float>* sin);
 
 }  // namespace leantron::trainer

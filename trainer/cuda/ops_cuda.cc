@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "trainer/core/layer_spec.h"
 #include "trainer/cuda/cuda_util.h"
 #include "trainer/cuda/kernels/kernels.h"
 #include "trainer/reference/ops.h"
@@ -163,9 +164,20 @@ class CudaOps final : public Ops {
     cuda::SwigluBackward<float>(din, dout, in, rows, width, stream());
   }
   void Rope(float* qkv, int64_t batch, int64_t seq, int64_t heads, int64_t groups, int64_t head_dim,
-            double base, bool inverse) override {
-    cuda::Rope(qkv, batch, seq, heads, groups, head_dim, base, inverse,
-               scratch(RopeScratchBytes(seq, head_dim)), stream());
+            const std::vector<double>& inv_freq, bool inverse) override {
+    // The same table CpuOps rotates by, computed on the host and staged in scratch.
+    std::vector<float> cs, sn;
+    RopeTable(inv_freq, seq, &cs, &sn);
+    if (inverse)
+      for (float& x : sn) x = -x;
+    const size_t bytes = cs.size() * sizeof(float);
+    char* table = static_cast<char*>(scratch(2 * bytes + 256).ptr);
+    float* dcs = reinterpret_cast<float*>(table);
+    float* dsn = reinterpret_cast<float*>(table + (bytes + 255) / 256 * 256);
+    LT_CUDA_CHECK(cudaMemcpyAsync(dcs, cs.data(), bytes, cudaMemcpyHostToDevice, stream()));
+    LT_CUDA_CHECK(cudaMemcpyAsync(dsn, sn.data(), bytes, cudaMemcpyHostToDevice, stream()));
+    cuda::Rope(qkv, batch, seq, heads, groups, head_dim, dcs, dsn, stream());
+    LT_CUDA_CHECK(cudaStreamSynchronize(stream()));  // the host tables go
   }
   void GeluForward(float* out, const float* in, size_t n, bool tanh_approx) override {
     cuda::GeluForward<float>(out, in, n, tanh_approx, stream());

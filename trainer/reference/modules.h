@@ -151,7 +151,9 @@ class AttentionBlock {
         shard_(shard),
         core_(core),
         qkv_(ctx, ws, spec.hidden, shard.qkv_width, w.qkv_w, w.qkv_b, w.d_qkv_w, w.d_qkv_b),
-        proj_(ctx, ws, shard.attn_width, spec.hidden, w.proj_w, w.proj_b, w.d_proj_w, w.d_proj_b) {}
+        proj_(ctx, ws, shard.attn_width, spec.hidden, w.proj_w, w.proj_b, w.d_proj_w, w.d_proj_b),
+        inv_freq_(RopeInverseFrequencies(spec.attention.rotary_base, spec.attention.head_dim,
+                                         spec.attention.rope_scaling)) {}
   // y: this rank's rows of the block's output (before dropout and the residual).
   void Forward(float* y, const float* x, const Saved& s, const AttentionDropout& drop) const;
   // Rebuilds the softmax in s.probs (selective recomputation).
@@ -168,6 +170,7 @@ class AttentionBlock {
   CoreAttention* core_;
   ColumnParallelLinear qkv_;
   RowParallelLinear proj_;
+  std::vector<double> inv_freq_;  // RoPE's frequencies
 };
 
 class MlpBlock {

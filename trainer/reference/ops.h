@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -88,9 +89,10 @@ class Ops {
   virtual void SwigluBackward(float* din, const float* dout, const float* in, int64_t rows,
                               int64_t width) = 0;
   // Rotary embedding (rotate-half, position = index in the sequence) on the queries and keys of
-  // qkv in place; `inverse` applies the transpose, which is the backward.
+  // qkv in place, by the frequencies `inv_freq` [head_dim/2] (RopeInverseFrequencies); `inverse`
+  // applies the transpose, which is the backward.
   virtual void Rope(float* qkv, int64_t batch, int64_t seq, int64_t heads, int64_t groups,
-                    int64_t head_dim, double base, bool inverse) = 0;
+                    int64_t head_dim, const std::vector<double>& inv_freq, bool inverse) = 0;
 
   // GELU, erf form (Megatron's default) or tanh form (--openai-gelu). din = (not +=).
   virtual void GeluForward(float* out, const float* in, size_t n, bool tanh_approx) = 0;

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "libckpt/dtype.h"
+#include "trainer/core/layer_spec.h"
 #include "trainer/reference/ops.h"
 
 namespace leantron::trainer {
@@ -231,17 +232,13 @@ class CpuOps final : public Ops {
   }
 
   void Rope(float* qkv, int64_t batch, int64_t seq, int64_t heads, int64_t groups, int64_t head_dim,
-            double base, bool inverse) override {
+            const std::vector<double>& inv_freq, bool inverse) override {
     const QkvLayout L(heads, groups, head_dim);
     const int64_t half = head_dim / 2;
-    std::vector<float> cs(seq * half), sn(seq * half);
-    for (int64_t t = 0; t < seq; ++t)
-      for (int64_t i = 0; i < half; ++i) {
-        const double angle =
-            t * std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
-        cs[t * half + i] = static_cast<float>(std::cos(angle));
-        sn[t * half + i] = static_cast<float>(std::sin(angle)) * (inverse ? -1.0f : 1.0f);
-      }
+    std::vector<float> cs, sn;
+    RopeTable(inv_freq, seq, &cs, &sn);
+    if (inverse)
+      for (float& x : sn) x = -x;
     // Rotate-half: (x1, x2) → (x1·cos − x2·sin, x2·cos + x1·sin); the inverse (the backward of
     // this orthogonal map) rotates by −angle. Queries of every head, keys of every group.
     auto rotate = [&](float* x, int64_t t) {

@@ -44,7 +44,7 @@ size_t LayerNormBackwardScratchBytes(int64_t rows, int64_t cols);
 template <typename T>
 void AddRmsNormForward(T* x_out, T* out, float* rstd, const T* residual, const T* branch,
                        const float* w, int64_t rows, int64_t cols, float eps,
-                       const HiddenDropout& drop, cudaStream_t s);
+                       const HiddenDropout& drop, cudaStream_t s, const T* branch2 = nullptr);
 template <typename T>
 void RmsNormBackward(T* dx, T* dbranch, float* dw, const T* dout, const T* dresidual, const T* x,
                      const float* w, const float* rstd, int64_t rows, int64_t cols,
@@ -56,6 +56,18 @@ void GeluForward(T* out, const T* in, size_t n, bool tanh_approx, cudaStream_t s
 // din = (not +=); din may alias dout.
 template <typename T>
 void GeluBackward(T* din, const T* dout, const T* in, size_t n, bool tanh_approx, cudaStream_t s);
+
+// Between Megatron-Core's grouped qkv layout (per query group: its query heads, its key, its
+// value; the QKV product's output) and the attention layout [all query heads | (key, value) per
+// group], each row [(heads + 2·groups)·head_dim]: flash attention reads queries, keys and values
+// of the latter as strided views, which grouped queries do not allow in the former. With a table
+// (RopeTable: cos, sin [seq, head_dim/2]) queries and keys are also rotated, the position of row r
+// being r mod seq: to_attention rotates by +θ (the forward), else by −θ into the grouped layout
+// (the backward of the same map). `out` and `in` must not overlap.
+template <typename T>
+void RearrangeQkv(T* out, const T* in, int64_t rows, int64_t seq, int64_t heads, int64_t groups,
+                  int64_t head_dim, const float* cos, const float* sin, bool to_attention,
+                  cudaStream_t s);
 
 // SwiGLU on in [rows, 2·width] = [gate | up]: out = silu(gate)·up; din = (not +=).
 template <typename T>
@@ -152,10 +164,10 @@ void LoadPeerExchangeKernels();
 void AddBias(float* out, const float* bias, int64_t rows, int64_t cols, cudaStream_t s);
 
 // Rotary embedding (rotate-half) of the queries and keys of qkv in Megatron-Core's grouped
-// layout, in place; `inverse` rotates back (the backward).
+// layout, in place, by the table cos/sin [seq, head_dim/2] (RopeTable; sin negated rotates back,
+// the backward).
 void Rope(float* qkv, int64_t batch, int64_t seq, int64_t heads, int64_t groups, int64_t head_dim,
-          double base, bool inverse, Scratch scratch, cudaStream_t s);
-size_t RopeScratchBytes(int64_t seq, int64_t head_dim);
+          const float* cos, const float* sin, cudaStream_t s);
 
 // Causal attention with materialised probabilities, as CpuOps::AttentionForward/Backward
 // (a plain reference kernel, not the fast path).

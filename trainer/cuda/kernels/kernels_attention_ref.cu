@@ -138,18 +138,6 @@ __global__ void __launch_bounds__(kAttnThreads)
   }
 }
 
-// cos/sin table [seq, half], in double as CpuOps computes it.
-__global__ void RopeTableKernel(float* cs, float* sn, int64_t seq, int64_t half, int64_t head_dim,
-                                double base, bool inverse) {
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= seq * half) return;
-  const int64_t t = idx / half, i = idx % half;
-  const double angle = static_cast<double>(t) *
-                       pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
-  cs[idx] = static_cast<float>(cos(angle));
-  sn[idx] = static_cast<float>(sin(angle)) * (inverse ? -1.0f : 1.0f);
-}
-
 // Thread per (b, t, slot, i): slots [0, heads) are query heads, [heads, heads + groups) key heads.
 __global__ void RopeRotateKernel(float* qkv, const float* cs, const float* sn, AttnDims dims) {
   const int64_t T = dims.seq, H = dims.heads, G = dims.groups, half = dims.head_dim / 2;
@@ -210,23 +198,13 @@ size_t AttentionBackwardScratchBytes(int64_t batch, int64_t seq, int64_t heads) 
 }
 
 void Rope(float* qkv, int64_t batch, int64_t seq, int64_t heads, int64_t groups, int64_t head_dim,
-          double base, bool inverse, Scratch scratch, cudaStream_t s) {
+          const float* cos, const float* sin, cudaStream_t s) {
   const int64_t half = head_dim / 2;
   if (batch == 0 || seq == 0 || half == 0) return;
-  ScratchCarver carver(scratch);
-  float* cs = carver.Take<float>(seq * half, "rope");
-  float* sn = carver.Take<float>(seq * half, "rope");
-  RopeTableKernel<<<static_cast<unsigned>(CeilDiv(seq * half, 256)), 256, 0, s>>>(
-      cs, sn, seq, half, head_dim, base, inverse);
-  LT_CUDA_LAUNCH_CHECK();
   const int64_t n = batch * seq * (heads + groups) * half;
   RopeRotateKernel<<<static_cast<unsigned>(CeilDiv(n, 256)), 256, 0, s>>>(
-      qkv, cs, sn, AttnDims{batch, seq, heads, groups, head_dim});
+      qkv, cos, sin, AttnDims{batch, seq, heads, groups, head_dim});
   LT_CUDA_LAUNCH_CHECK();
-}
-
-size_t RopeScratchBytes(int64_t seq, int64_t head_dim) {
-  return 2 * ScratchCarver::Size(static_cast<size_t>(seq) * (head_dim / 2) * sizeof(float));
 }
 
 }  // namespace leantron::trainer::cuda

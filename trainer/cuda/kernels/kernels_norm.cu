@@ -495,9 +495,11 @@ size_t LayerNormBackwardScratchBytes(int64_t rows, int64_t cols) {
 template <typename T>
 void AddRmsNormForward(T* x_out, T* out, float* rstd, const T* residual, const T* branch,
                        const float* w, int64_t rows, int64_t cols, float eps,
-                       const HiddenDropout& drop, cudaStream_t s) {
+                       const HiddenDropout& drop, cudaStream_t s, const T* branch2) {
+  if (residual == nullptr && branch2 != nullptr)
+    Die("AddRmsNormForward", "a second branch needs a residual", __FILE__, __LINE__);
   LaunchNormForward<T, true>(
-      {x_out, out, nullptr, rstd, residual, branch, w, nullptr, rows, cols, eps, drop}, s);
+      {x_out, out, nullptr, rstd, residual, branch, w, nullptr, rows, cols, eps, drop, branch2}, s);
 }
 
 template <typename T>
@@ -546,7 +548,8 @@ size_t ColumnSumScratchBytes(int64_t rows, int64_t cols) {
                                      const float*, const float*, const float*, int64_t, int64_t,  \
                                      const HiddenDropout&, Scratch, cudaStream_t);                \
   template void AddRmsNormForward<T>(T*, T*, float*, const T*, const T*, const float*, int64_t,   \
-                                     int64_t, float, const HiddenDropout&, cudaStream_t);         \
+                                     int64_t, float, const HiddenDropout&, cudaStream_t,          \
+                                     const T*);                                                   \
   template void RmsNormBackward<T>(T*, T*, float*, const T*, const T*, const T*, const float*,    \
                                    const float*, int64_t, int64_t, const HiddenDropout&, Scratch, \
                                    cudaStream_t);                                                 \

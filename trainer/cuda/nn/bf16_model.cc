@@ -154,12 +154,19 @@ Bf16Model::Bf16Model(const ckpt::ModelLayout& layout, ParamStore* params,
   // Shared buffers and scratch, sized for the widest layer of the chunk.
   const auto [first, last] = layout.StageLayers(opt_.pp_rank, opt_.virtual_chunk);
   first_layer_ = first;
-  int64_t qkv_width = 0, attn_width = 0, ffn = 0;
+  int64_t qkv_width = 0, attn_width = 0, ffn = 0, act_width = 0;
+  bool grouped = false, gated = false;
+  const AttentionSpec* rope = nullptr;
   for (int i = first; i < last; ++i) {
-    const LayerShard shard = ShardOf(spec_.layers[i], tp_size);
+    const LayerSpec& ls = spec_.layers[i];
+    const LayerShard shard = ShardOf(ls, tp_size);
     qkv_width = std::max(qkv_width, shard.qkv_width);
     attn_width = std::max(attn_width, shard.attn_width);
     ffn = std::max(ffn, shard.fc1_width);
+    act_width = std::max(act_width, shard.ffn);
+    grouped = grouped || !ls.attention.interleaved_mha();
+    gated = gated || ls.mlp.gated();
+    if (ls.attention.rope) rope = &ls.attention;
   }
   ctx_.memory = &memory_;
   ctx_.linear.mm = &mm_;
@@ -187,6 +194,20 @@ Bf16Model::Bf16Model(const ckpt::ModelLayout& layout, ParamStore* params,
   ctx_.dqkv = memory_.Alloc<bf16>(n * qkv_width);
   ctx_.datt = memory_.Alloc<bf16>(n * attn_width);
   ctx_.dfc = memory_.Alloc<bf16>(n * ffn);
+  if (grouped) ctx_.dqkv_attention = memory_.Alloc<bf16>(n * qkv_width);
+  if (gated) ctx_.dact = memory_.Alloc<bf16>(n * act_width);
+  if (rope != nullptr) {  // one table for the chunk: its layers share base, head dim and scaling
+    std::vector<float> cos, sin;
+    RopeTable(RopeInverseFrequencies(rope->rotary_base, rope->head_dim, rope->rope_scaling), t,
+              &cos, &sin);
+    float* table = memory_.Alloc<float>(cos.size() + sin.size());
+    LT_CUDA_CHECK(
+        cudaMemcpy(table, cos.data(), cos.size() * sizeof(float), cudaMemcpyHostToDevice));
+    LT_CUDA_CHECK(cudaMemcpy(table + cos.size(), sin.data(), sin.size() * sizeof(float),
+                             cudaMemcpyHostToDevice));
+    ctx_.rope_cos = table;
+    ctx_.rope_sin = table + cos.size();
+  }
   recv_input_ = memory_.Alloc<bf16>(rows_l * h);
   recv_grad_ = memory_.Alloc<bf16>(rows_l * h);
   const int64_t widest = std::max<int64_t>(qkv_width, std::max(ffn, h));
@@ -408,12 +429,10 @@ absl::Status Bf16Supported(const ckpt::ModelLayout& layout, const Bf16Options& o
   };
   if (p.tp > 1 && AsNccl(options.tp) == nullptr)
     return no("tensor parallelism needs NCCL process groups");
-  if (c.normalization != ckpt::NormType::kLayerNorm) return no("RMSNorm is not supported");
-  if (c.swiglu()) return no("SwiGLU is not supported");
-  if (c.position_embedding_type != ckpt::PositionEmbedding::kLearnedAbsolute)
-    return no("rotary position embeddings are not supported");
-  if (c.num_query_groups != c.num_attention_heads)
-    return no("grouped-query attention is not supported");
+  if (c.kv_channels % 8 != 0 || c.kv_channels > 256)
+    return no(
+        "flash attention needs a head dimension that is a multiple of 8 and at most 256, not ",
+        c.kv_channels);
   if (options.model.attention_dropout > 0.0f)
     return no(
         "attention dropout is not supported by the flash-attention path; pass "
@@ -430,9 +449,12 @@ absl::StatusOr<std::unique_ptr<StageModel>> CreateBf16Model(const ckpt::ModelLay
   if (absl::Status s = Bf16Supported(layout, options); !s.ok()) return s;
   const ckpt::ModelConfig& c = layout.config();
   const ckpt::ParallelConfig& p = layout.parallel();
+  const ModelSpec spec = ModelSpecFromConfig(c, layout.padded_vocab_size());
   absl::StatusOr<std::unique_ptr<FlashAttention>> attention = FlashAttention::Create(
       options.model.micro_batch, options.model.seq_length, c.num_attention_heads / p.tp,
-      c.num_query_groups / p.tp, c.kv_channels);
+      c.num_query_groups / p.tp, c.kv_channels,
+      spec.layers.front().attention.interleaved_mha() ? QkvLayout::kInterleaved
+                                                      : QkvLayout::kGrouped);
   if (!attention.ok()) return attention.status();
   return std::unique_ptr<StageModel>(new Bf16Model(layout, params, options, std::move(*attention)));
 }

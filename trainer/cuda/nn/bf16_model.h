@@ -7,10 +7,11 @@
 // gradient reducer (parallel/grad_reduce.h) listens. Every buffer is allocated up front: the steady
 // state makes no cudaMalloc.
 //
-// Scope: GPT-2-style layers (LayerNorm, GELU, learned absolute positions, multi-head attention,
-// tied or untied output) under data, tensor (with sequence) and pipeline (1F1B, interleaved)
-// parallelism over NCCL; hidden dropout supported, attention dropout refused. The float32
-// ReferenceModel over CudaOps runs everything else (Llama-style models, attention dropout).
+// Scope: GPT-2 and Llama-family layers (LayerNorm or RMSNorm; GELU or SwiGLU; learned positions
+// or RoPE with Llama 3.1's scaling; multi-head or grouped-query attention; biases or not, the QKV
+// bias alone; tied or untied output) under data, tensor (with sequence) and pipeline (1F1B,
+// interleaved) parallelism over NCCL; hidden dropout supported, attention dropout refused (the
+// float32 ReferenceModel over CudaOps runs it).
 #pragma once
 
 #include <cstdint>

@@ -8,8 +8,13 @@ void Norm::Forward(const bf16* residual, RowParallelOutput branch, bf16* x_out, 
                    const Stats& stats, const HiddenDropout& drop, bf16* gather_full) const {
   const RowGeometry& g = ctx_.rows();
   ctx_.prof().Begin("residual+layernorm fwd");
-  AddLayerNormForward<bf16>(x_out, out_local, stats.mean, stats.rstd, residual, branch.local, w_,
-                            b_, g.local_rows, h_, spec_.eps, drop, MainStream(), branch.addend);
+  if (spec_.rms()) {
+    AddRmsNormForward<bf16>(x_out, out_local, stats.rstd, residual, branch.local, w_, g.local_rows,
+                            h_, spec_.eps, drop, MainStream(), branch.addend);
+  } else {
+    AddLayerNormForward<bf16>(x_out, out_local, stats.mean, stats.rstd, residual, branch.local, w_,
+                              b_, g.local_rows, h_, spec_.eps, drop, MainStream(), branch.addend);
+  }
   if (gather_full != nullptr) ctx_.tp().GatherRows(gather_full);
   ctx_.prof().End();
 }
@@ -21,9 +26,14 @@ bf16* Norm::Backward(bf16* dx, const bf16* dout, const bf16* dresidual, const bf
   const bool same = !ctx_.tp().sequence_parallel() && drop.p <= 0.0f;
   bf16* dbranch = ctx_.tp().LocalRows(ctx_.dbranch_full);
   ctx_.prof().Begin("layernorm bwd");
-  LayerNormBackward<bf16>(dx, same ? nullptr : dbranch, dw_, db_, dout, dresidual, x, w_,
-                          stats.mean, stats.rstd, g.local_rows, h_, drop, ctx_.linear.scratch,
-                          MainStream());
+  if (spec_.rms()) {
+    RmsNormBackward<bf16>(dx, same ? nullptr : dbranch, dw_, dout, dresidual, x, w_, stats.rstd,
+                          g.local_rows, h_, drop, ctx_.linear.scratch, MainStream());
+  } else {
+    LayerNormBackward<bf16>(dx, same ? nullptr : dbranch, dw_, db_, dout, dresidual, x, w_,
+                            stats.mean, stats.rstd, g.local_rows, h_, drop, ctx_.linear.scratch,
+                            MainStream());
+  }
   return same ? dx : ctx_.dbranch_full;
 }
 
@@ -32,12 +42,23 @@ AttentionBlock::AttentionBlock(const ModuleContext& ctx, const LayerSpec& spec,
                                const LayerTensors<bf16>& w)
     : ctx_(ctx),
       core_(core),
+      shard_(shard),
+      grouped_(!spec.attention.interleaved_mha()),
+      rope_(spec.attention.rope),
       qkv_(ctx.linear, spec.hidden, shard.qkv_width, w.qkv_w, w.qkv_b, w.d_qkv_w, w.d_qkv_b),
       proj_(ctx.linear, ctx.row_out, shard.attn_width, spec.hidden, w.proj_w, w.proj_b, w.d_proj_w,
             w.d_proj_b) {}
 
 RowParallelOutput AttentionBlock::Forward(bf16* in, const Acts& a) const {
-  qkv_.Forward("matmul fwd qkv", in, a.qkv);
+  if (!grouped_) {
+    qkv_.Forward("matmul fwd qkv", in, a.qkv);
+  } else {  // the product into scratch, then rearranged (and rotated) into a.qkv
+    qkv_.Forward("matmul fwd qkv", in, ctx_.dqkv);
+    ctx_.prof().Begin("rope");
+    RearrangeQkv<bf16>(a.qkv, ctx_.dqkv, ctx_.rows().rows, ctx_.seq, shard_.heads, shard_.groups,
+                       shard_.head_dim, rope_ ? ctx_.rope_cos : nullptr,
+                       rope_ ? ctx_.rope_sin : nullptr, /*to_attention=*/true, MainStream());
+  }
   ctx_.prof().Begin("attention fwd");
   core_->Forward(a.att, a.stats, a.qkv, ctx_.attn_workspace);
   return proj_.Forward("matmul fwd proj", a.att);
@@ -46,7 +67,15 @@ RowParallelOutput AttentionBlock::Forward(bf16* in, const Acts& a) const {
 void AttentionBlock::Backward(bf16* dout, const bf16* in, const Acts& a, bf16* din) const {
   proj_.Backward("matmul bwd proj", dout, a.att, ctx_.datt);
   ctx_.prof().Begin("attention bwd");
-  core_->Backward(ctx_.dqkv, ctx_.datt, a.qkv, a.att, a.stats, ctx_.attn_workspace);
+  if (!grouped_) {
+    core_->Backward(ctx_.dqkv, ctx_.datt, a.qkv, a.att, a.stats, ctx_.attn_workspace);
+  } else {
+    core_->Backward(ctx_.dqkv_attention, ctx_.datt, a.qkv, a.att, a.stats, ctx_.attn_workspace);
+    ctx_.prof().Begin("rope");
+    RearrangeQkv<bf16>(ctx_.dqkv, ctx_.dqkv_attention, ctx_.rows().rows, ctx_.seq, shard_.heads,
+                       shard_.groups, shard_.head_dim, rope_ ? ctx_.rope_cos : nullptr,
+                       rope_ ? ctx_.rope_sin : nullptr, /*to_attention=*/false, MainStream());
+  }
   qkv_.Backward("matmul bwd qkv", ctx_.dqkv, in, din);
 }
 
@@ -55,12 +84,17 @@ MlpBlock::MlpBlock(const ModuleContext& ctx, const LayerSpec& spec, const LayerS
     : ctx_(ctx),
       ffn_(shard.ffn),
       tanh_(spec.mlp.activation == ckpt::Activation::kGeluTanh),
+      gated_(spec.mlp.gated()),
       fc1_(ctx.linear, spec.hidden, shard.fc1_width, w.fc1_w, w.fc1_b, w.d_fc1_w, w.d_fc1_b),
       fc2_(ctx.linear, ctx.row_out, shard.ffn, spec.hidden, w.fc2_w, w.fc2_b, w.d_fc2_w,
            w.d_fc2_b) {}
 
 RowParallelOutput MlpBlock::Forward(bf16* in, const Acts& a) const {
-  if (tanh_) {  // GELU in the product's epilogue
+  if (gated_) {  // fc1 = [gate | up] on this rank
+    fc1_.Forward("matmul fwd fc1", in, a.pre);
+    ctx_.prof().Begin("swiglu");
+    SwigluForward<bf16>(a.act, a.pre, ctx_.rows().rows, ffn_, MainStream());
+  } else if (tanh_) {  // GELU in the product's epilogue
     fc1_.ForwardGelu("matmul fwd fc1", in, a.pre, a.act);
   } else {
     fc1_.Forward("matmul fwd fc1", in, a.pre);
@@ -71,11 +105,23 @@ RowParallelOutput MlpBlock::Forward(bf16* in, const Acts& a) const {
 }
 
 void MlpBlock::RecomputeActivation(const Acts& a) const {
+  if (gated_) {
+    ctx_.prof().Begin("swiglu");
+    SwigluForward<bf16>(a.act, a.pre, ctx_.rows().rows, ffn_, MainStream());
+    return;
+  }
   ctx_.prof().Begin("gelu");
   GeluForward<bf16>(a.act, a.pre, ctx_.rows().rows * ffn_, tanh_, MainStream());
 }
 
 void MlpBlock::Backward(bf16* dout, const bf16* in, const Acts& a, bf16* din) const {
+  if (gated_) {
+    fc2_.Backward("matmul bwd fc2", dout, a.act, ctx_.dact);
+    ctx_.prof().Begin("swiglu");
+    SwigluBackward<bf16>(ctx_.dfc, ctx_.dact, a.pre, ctx_.rows().rows, ffn_, MainStream());
+    fc1_.Backward("matmul bwd fc1", ctx_.dfc, in, din);
+    return;
+  }
   // With tanh GELU its derivative is applied in fc2's data-gradient epilogue.
   fc2_.Backward("matmul bwd fc2", dout, a.act, ctx_.dfc, tanh_ ? a.pre : nullptr);
   if (!tanh_) {

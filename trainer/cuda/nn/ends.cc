@@ -36,7 +36,8 @@ void Embedding::Forward(const int32_t* tokens, bf16* x, const HiddenDropout& dro
                          MainStream());
   ctx_.tp().ReduceRows(partial, x);
   ctx_.prof().Begin("embedding fwd");
-  PositionForward<bf16>(x, position_ids_, positions_, g.local_rows, h_, MainStream());
+  if (positions_ != nullptr)
+    PositionForward<bf16>(x, position_ids_, positions_, g.local_rows, h_, MainStream());
   Dropout<bf16>(x, g.local_rows, h_, drop, MainStream());
 }
 
@@ -49,8 +50,9 @@ void Embedding::Backward(const bf16* dx_all, const int32_t* tokens) const {
   ctx_.prof().Begin("embedding bwd");
   EmbeddingBackward<bf16>(dword_, dx_all, tokens, g.rows, h_, vocab_begin_, vocab_end_,
                           ctx_.linear.scratch, MainStream());
-  PositionBackward<bf16>(dpositions_, tp.sequence_parallel() ? local : dx_all, position_ids_,
-                         g.local_rows, h_, ctx_.linear.scratch, MainStream());
+  if (dpositions_ != nullptr)
+    PositionBackward<bf16>(dpositions_, tp.sequence_parallel() ? local : dx_all, position_ids_,
+                           g.local_rows, h_, ctx_.linear.scratch, MainStream());
   ctx_.prof().End();
 }
 

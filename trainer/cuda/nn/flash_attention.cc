@@ -40,9 +40,16 @@ constexpr int64_t kQ = 1, kK = 2, kV = 3, kO = 4, kStats = 5, kDO = 6, kDQ = 7, 
 
 struct Shape {
   int64_t b, t, h, d;
+  int64_t g = h;            // key/value heads
+  bool interleaved = true;  // qkv rows [h][q | k | v][d]; else [q heads | (k, v) per group]
   Dims dims() const { return {b, h, t, d}; }
-  // Q, K, V (and their gradients) inside a qkv row [h][q | k | v][d].
-  Dims qkv_strides() const { return {t * 3 * h * d, 3 * d, 3 * h * d, 1}; }
+  Dims kv_dims() const { return {b, g, t, d}; }
+  int64_t row() const { return interleaved ? 3 * h * d : (h + 2 * g) * d; }
+  // Q, K, V (and their gradients) inside a qkv row.
+  Dims q_strides() const { return {t * row(), interleaved ? 3 * d : d, row(), 1}; }
+  Dims kv_strides() const { return {t * row(), interleaved ? 3 * d : 2 * d, row(), 1}; }
+  int64_t k_offset() const { return interleaved ? d : h * d; }
+  int64_t v_offset() const { return k_offset() + d; }
   // O and dO: [B, T, H, D] read as [B, H, T, D].
   Dims out_strides() const { return {t * h * d, d, h * d, 1}; }
   // Stats [B, H, T] as the packed [B, H, T, 1] cuDNN expects.
@@ -151,25 +158,32 @@ bool FlashAttentionSupported(int64_t head_dim, int64_t groups, int64_t heads) {
 }
 
 FlashAttention::FlashAttention(int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
-                               std::unique_ptr<Impl> impl)
-    : batch_(batch), seq_(seq), heads_(heads), head_dim_(head_dim), impl_(std::move(impl)) {}
+                               int64_t k_offset, int64_t v_offset, std::unique_ptr<Impl> impl)
+    : batch_(batch),
+      seq_(seq),
+      heads_(heads),
+      head_dim_(head_dim),
+      k_offset_(k_offset),
+      v_offset_(v_offset),
+      impl_(std::move(impl)) {}
 
 FlashAttention::~FlashAttention() = default;
 
-absl::StatusOr<std::unique_ptr<FlashAttention>> FlashAttention::Create(int64_t batch, int64_t seq,
-                                                                       int64_t heads,
-                                                                       int64_t groups,
-                                                                       int64_t head_dim) {
+absl::StatusOr<std::unique_ptr<FlashAttention>> FlashAttention::Create(
+    int64_t batch, int64_t seq, int64_t heads, int64_t groups, int64_t head_dim, QkvLayout layout) {
   const std::string shape = absl::StrFormat("batch=%d seq=%d heads=%d groups=%d head_dim=%d", batch,
                                             seq, heads, groups, head_dim);
   if (batch <= 0 || seq <= 0 || heads <= 0 || groups <= 0 || head_dim <= 0)
     return absl::InvalidArgumentError(
         absl::StrCat("FlashAttention (", shape, "): every dimension must be positive"));
-  if (groups != heads)
+  if (layout == QkvLayout::kInterleaved && groups != heads)
     return absl::UnimplementedError(absl::StrCat(
         "FlashAttention (", shape,
-        "): only multi-head attention (groups == heads) is supported; grouped queries are not a "
-        "strided view of Megatron-Core's grouped qkv layout"));
+        "): grouped queries are not a strided view of Megatron-Core's grouped qkv layout; use "
+        "the attention layout (RearrangeQkv)"));
+  if (heads % groups != 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("FlashAttention (", shape, "): heads must be a multiple of groups"));
 
   if (cudnn_frontend::cudnn_dlhandle == nullptr) {
     cudnn_frontend::cudnn_dlhandle = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_GLOBAL);
@@ -188,15 +202,15 @@ absl::StatusOr<std::unique_ptr<FlashAttention>> FlashAttention::Create(int64_t b
     return absl::InternalError(absl::StrCat("FlashAttention (", shape,
                                             "): cudnnSetStream failed: ", cudnnGetErrorString(st)));
 
-  const Shape s{batch, seq, heads, head_dim};
+  const Shape s{batch, seq, heads, head_dim, groups, layout == QkvLayout::kInterleaved};
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   size_t fwd_ws = 0, bwd_ws = 0;
   try {
     {  // Forward: O, Stats = sdpa(Q, K, V), causal (query i sees keys j ≤ i).
       auto g = NewGraph();
-      auto q = Input(*g, "Q", kQ, s.dims(), s.qkv_strides(), fe::DataType_t::BFLOAT16);
-      auto k = Input(*g, "K", kK, s.dims(), s.qkv_strides(), fe::DataType_t::BFLOAT16);
-      auto v = Input(*g, "V", kV, s.dims(), s.qkv_strides(), fe::DataType_t::BFLOAT16);
+      auto q = Input(*g, "Q", kQ, s.dims(), s.q_strides(), fe::DataType_t::BFLOAT16);
+      auto k = Input(*g, "K", kK, s.kv_dims(), s.kv_strides(), fe::DataType_t::BFLOAT16);
+      auto v = Input(*g, "V", kV, s.kv_dims(), s.kv_strides(), fe::DataType_t::BFLOAT16);
       auto attrs = fe::graph::SDPA_attributes()
                        .set_name("flash_attention_fwd")
                        .set_generate_stats(true)
@@ -211,9 +225,9 @@ absl::StatusOr<std::unique_ptr<FlashAttention>> FlashAttention::Create(int64_t b
     }
     {  // Backward: dQ, dK, dV = sdpa_backward(Q, K, V, O, dO, Stats), deterministic.
       auto g = NewGraph();
-      auto q = Input(*g, "Q", kQ, s.dims(), s.qkv_strides(), fe::DataType_t::BFLOAT16);
-      auto k = Input(*g, "K", kK, s.dims(), s.qkv_strides(), fe::DataType_t::BFLOAT16);
-      auto v = Input(*g, "V", kV, s.dims(), s.qkv_strides(), fe::DataType_t::BFLOAT16);
+      auto q = Input(*g, "Q", kQ, s.dims(), s.q_strides(), fe::DataType_t::BFLOAT16);
+      auto k = Input(*g, "K", kK, s.kv_dims(), s.kv_strides(), fe::DataType_t::BFLOAT16);
+      auto v = Input(*g, "V", kV, s.kv_dims(), s.kv_strides(), fe::DataType_t::BFLOAT16);
       auto o = Input(*g, "O", kO, s.dims(), s.out_strides(), fe::DataType_t::BFLOAT16);
       auto d_o = Input(*g, "dO", kDO, s.dims(), s.out_strides(), fe::DataType_t::BFLOAT16);
       auto stats =
@@ -225,9 +239,9 @@ absl::StatusOr<std::unique_ptr<FlashAttention>> FlashAttention::Create(int64_t b
                        .set_diagonal_band_right_bound(0)
                        .set_deterministic_algorithm(true);
       auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, attrs);
-      MarkOutput(dq, "dQ", kDQ, s.dims(), s.qkv_strides(), fe::DataType_t::BFLOAT16);
-      MarkOutput(dk, "dK", kDK, s.dims(), s.qkv_strides(), fe::DataType_t::BFLOAT16);
-      MarkOutput(dv, "dV", kDV, s.dims(), s.qkv_strides(), fe::DataType_t::BFLOAT16);
+      MarkOutput(dq, "dQ", kDQ, s.dims(), s.q_strides(), fe::DataType_t::BFLOAT16);
+      MarkOutput(dk, "dK", kDK, s.kv_dims(), s.kv_strides(), fe::DataType_t::BFLOAT16);
+      MarkOutput(dv, "dV", kDV, s.kv_dims(), s.kv_strides(), fe::DataType_t::BFLOAT16);
       if (auto st = BuildPlans(*g, impl->handle, "backward", shape, &bwd_ws); !st.ok()) return st;
       impl->bwd = std::move(g);
     }
@@ -241,7 +255,7 @@ absl::StatusOr<std::unique_ptr<FlashAttention>> FlashAttention::Create(int64_t b
                     {kO, nullptr},  {kDO, nullptr}, {kStats, nullptr},
                     {kDQ, nullptr}, {kDK, nullptr}, {kDV, nullptr}};
   return std::unique_ptr<FlashAttention>(
-      new FlashAttention(batch, seq, heads, head_dim, std::move(impl)));
+      new FlashAttention(batch, seq, heads, head_dim, s.k_offset(), s.v_offset(), std::move(impl)));
 }
 
 size_t FlashAttention::workspace_bytes() const { return impl_->workspace; }
@@ -250,8 +264,8 @@ void FlashAttention::Forward(bf16* out, float* stats, const bf16* qkv, void* wor
   bf16* base = const_cast<bf16*>(qkv);
   auto& pack = impl_->fwd_pack;
   pack[kQ] = base;
-  pack[kK] = base + head_dim_;
-  pack[kV] = base + 2 * head_dim_;
+  pack[kK] = base + k_offset_;
+  pack[kV] = base + v_offset_;
   pack[kO] = out;
   pack[kStats] = stats;
   impl_->Execute(*impl_->fwd, pack, workspace, "FlashAttention forward (cuDNN SDPA execute)");
@@ -262,14 +276,14 @@ void FlashAttention::Backward(bf16* dqkv, const bf16* dout, const bf16* qkv, con
   bf16* base = const_cast<bf16*>(qkv);
   auto& pack = impl_->bwd_pack;
   pack[kQ] = base;
-  pack[kK] = base + head_dim_;
-  pack[kV] = base + 2 * head_dim_;
+  pack[kK] = base + k_offset_;
+  pack[kV] = base + v_offset_;
   pack[kO] = const_cast<bf16*>(out);
   pack[kDO] = const_cast<bf16*>(dout);
   pack[kStats] = const_cast<float*>(stats);
   pack[kDQ] = dqkv;
-  pack[kDK] = dqkv + head_dim_;
-  pack[kDV] = dqkv + 2 * head_dim_;
+  pack[kDK] = dqkv + k_offset_;
+  pack[kDV] = dqkv + v_offset_;
   impl_->Execute(*impl_->bwd, pack, workspace, "FlashAttention backward (cuDNN SDPA execute)");
 }
 

@@ -2,10 +2,14 @@
 // engines, driven by cudnn-frontend's graph API. Only attention.cc includes cudnn-frontend; this
 // header stays plain C++ (the graphs live behind a pimpl).
 //
-// Layouts (no transposes or copies: cuDNN reads and writes strided views):
-//   qkv  [B, T, H·3·D] bf16, Megatron-Core's per-head layout [q_h k_h v_h] (each D wide) for
-//        h = 0..H−1 (multi-head only: groups == heads), so Q, K, V are [B, H, T, D] views with
-//        strides [T·3HD, 3D, 3HD, 1] at element offsets 0, D, 2D. dqkv has the same layout.
+// Layouts (no transposes or copies: cuDNN reads and writes strided views), QkvLayout:
+//   kInterleaved: qkv [B, T, H·3·D] bf16, Megatron-Core's grouped layout when groups == heads:
+//        [q_h k_h v_h] (each D wide) for h = 0..H−1, so Q, K, V are [B, H, T, D] views with
+//        strides [T·3HD, 3D, 3HD, 1] at element offsets 0, D, 2D.
+//   kGrouped: qkv [B, T, (H + 2G)·D], all query heads, then (k_g, v_g) per group (RearrangeQkv
+//        makes it from Megatron's layout): Q [B, H, T, D] at offset 0, K and V [B, G, T, D] with
+//        head stride 2D at offsets H·D and H·D + D. Grouped-query attention (G < H) needs it.
+//   dqkv has the layout of qkv.
 //   out  [B, T, H·D] bf16 (head-major inside a row); dout likewise.
 //   stats [B, H, T] float: the natural-log log-sum-exp of each query row's scaled, masked scores
 //        (cuDNN's "Stats": max_j s_ij + ln Σ_j exp(s_ij − max), s = q·k / sqrt(D)), kept for the
@@ -24,6 +28,8 @@
 
 namespace leantron::trainer::cuda {
 
+enum class QkvLayout { kInterleaved, kGrouped };
+
 // A cheap shape-level pre-check of what Create can be expected to accept on Hopper: multi-head
 // (groups == heads), head_dim a positive multiple of 8 and at most 256. Create is the authority
 // (it asks cuDNN); this only lets a caller pick another attention path without building plans.
@@ -38,9 +44,9 @@ class FlashAttention final : public CoreAttention {
   // Builds, checks support for, and caches the forward and backward execution plans for this
   // shape. Returns an error naming the shape and cuDNN's message when cuDNN cannot run it (e.g.
   // groups != heads, unsupported head dim, no usable device).
-  static absl::StatusOr<std::unique_ptr<FlashAttention>> Create(int64_t batch, int64_t seq,
-                                                                int64_t heads, int64_t groups,
-                                                                int64_t head_dim);
+  static absl::StatusOr<std::unique_ptr<FlashAttention>> Create(
+      int64_t batch, int64_t seq, int64_t heads, int64_t groups, int64_t head_dim,
+      QkvLayout layout = QkvLayout::kInterleaved);
   ~FlashAttention() override;
   FlashAttention(const FlashAttention&) = delete;
   FlashAttention& operator=(const FlashAttention&) = delete;
@@ -66,10 +72,11 @@ class FlashAttention final : public CoreAttention {
 
  private:
   struct Impl;
-  FlashAttention(int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
-                 std::unique_ptr<Impl> impl);
+  FlashAttention(int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t k_offset,
+                 int64_t v_offset, std::unique_ptr<Impl> impl);
 
   int64_t batch_, seq_, heads_, head_dim_;
+  int64_t k_offset_, v_offset_;  // of K and V inside a qkv row
   std::unique_ptr<Impl> impl_;
 };
 

@@ -10,6 +10,9 @@
 //                   the loss gradient computed during the forward (the [tokens, vocab] logits never
 //                   exist whole)
 // Activations are bf16, parameters' gradients fp32 (accumulated in place), norm statistics fp32.
+// Norm is LayerNorm or RMSNorm by its spec; MlpBlock GELU (erf, tanh) or SwiGLU; AttentionBlock
+// reads Megatron's grouped qkv layout as it is for plain multi-head attention, and otherwise
+// (grouped queries, RoPE) rearranges it for flash attention, rotating queries and keys on the way.
 // Modules hold weights and shapes, not activations: the caller passes each micro-batch's saved
 // tensors (Acts). Tensor-parallel communication lives in the linear layers (parallel/tp_linear.h).
 // "All rows" buffers hold every token of the micro-batch, with this rank's rows in place under
@@ -38,7 +41,11 @@ struct ModuleContext {
   bf16* dbranch_full = nullptr;  // a branch's output gradient, all rows (this rank's in place)
   bf16* dln = nullptr;           // a block's input gradient, all rows
   bf16 *dqkv = nullptr, *datt = nullptr, *dfc = nullptr;
+  bf16* dqkv_attention = nullptr;  // grouped attention: the core's gradient, attention layout
+  bf16* dact = nullptr;            // gated MLP: the activation's gradient
   void* attn_workspace = nullptr;
+  // RoPE: cos and sin [seq, head_dim/2] (RopeTable), null without.
+  const float *rope_cos = nullptr, *rope_sin = nullptr;
   TensorParallel& tp() const { return *linear.tp; }
   OpProfile& prof() const { return *linear.prof; }
   const RowGeometry& rows() const { return linear.tp->rows(); }
@@ -75,8 +82,9 @@ class Norm {
 class AttentionBlock {
  public:
   struct Acts {
-    bf16 *qkv = nullptr, *att = nullptr;  // all rows
-    float* stats = nullptr;               // [B, heads, T] log-sum-exp
+    bf16* qkv = nullptr;     // all rows, the layout the core attention reads (see above)
+    bf16* att = nullptr;     // all rows
+    float* stats = nullptr;  // [B, heads, T] log-sum-exp
   };
   AttentionBlock(const ModuleContext& ctx, const LayerSpec& spec, const LayerShard& shard,
                  CoreAttention* core, const LayerTensors<bf16>& w);
@@ -89,6 +97,8 @@ class AttentionBlock {
  private:
   const ModuleContext& ctx_;
   CoreAttention* core_;
+  LayerShard shard_;
+  bool grouped_, rope_;  // the attention layout (RearrangeQkv); rotary positions
   ColumnParallelLinear qkv_;
   RowParallelLinear proj_;
 };
@@ -108,7 +118,8 @@ class MlpBlock {
  private:
   const ModuleContext& ctx_;
   int64_t ffn_;
-  bool tanh_;  // tanh GELU, in the products' epilogues
+  bool tanh_;   // tanh GELU, in the products' epilogues
+  bool gated_;  // SwiGLU on fc1's [gate | up]
   ColumnParallelLinear fc1_;
   RowParallelLinear fc2_;
 };

@@ -1,0 +1,450 @@
+#include "libdata/sentencepiece_tokenizer.h"
+
+#include <cmath>
+#include <cstring>
+#include <optional>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_format.h"
+#include "libdata/added_tokens.h"
+#include "libfs/atomic_file.h"
+#include "libdata/piece_cache.h"
+#include "libdata/sentencepiece_model.h"
+#include "libdata/sentencepiece_normalizer.h"
+#include "libdata/string_compat.h"
+#include "libdata/token_table.h"
+#include "libdata/unicode_class.h"
+
+namespace leantron::data {
+namespace {
+
+using PieceType = SentencePieceModel::PieceType;
+constexpr std::string_view kSpaceSymbol = "\xE2\x96\x81";
+
+size_t OneCharLen(uint8_t lead) { return "\1\1\1\1\1\1\1\1\1\1\1\1\2\2\3\4"[lead >> 4]; }
+
+class SpTokenizer;
+
+class SpEncoder : public TextEncoder {
+ public:
+  explicit SpEncoder(const SpTokenizer& t) : t_(t) {}
+  absl::Status Encode(std::string_view text, std::vector<int32_t>* out) override;
+
+ private:
+  void EncodeWord(std::string_view word, std::vector<int32_t>* ids);
+  void Resegment(std::string_view w, std::vector<int32_t>* ids);
+  void Emit(const std::vector<int32_t>& ids, std::vector<int32_t>* out);
+
+  const SpTokenizer& t_;
+  std::string normalized_;
+  bool prev_unk_ = false;
+  PieceCache cache_;
+  std::vector<int32_t> word_ids_;
+  // Merge workspace.
+  struct Symbol {
+    uint32_t start, len;
+    int32_t prev, next;
+    int32_t id;  // the piece this symbol is, or -1 (an unknown character)
+    bool freeze;
+  };
+  std::vector<Symbol> symbols_;
+  std::vector<uint64_t> tree_;
+  std::vector<int32_t> pair_id_;
+  absl::flat_hash_map<std::string, std::pair<std::string, std::string>> rev_merge_;
+};
+
+class SpTokenizer : public Tokenizer {
+ public:
+  static absl::StatusOr<std::unique_ptr<SpTokenizer>> Create(SentencePieceModel model,
+                                                             const std::string& name,
+                                                             const std::string& type);
+
+  std::unique_ptr<TextEncoder> NewEncoder(const EncodeOptions&) const override {
+    return std::make_unique<SpEncoder>(*this);
+  }
+  absl::Status Decode(absl::Span<const int32_t> ids, std::string* out) const override;
+  int64_t vocab_size() const override { return static_cast<int64_t>(model_.pieces.size()); }
+  std::optional<int32_t> eod_id() const override { return eos_; }
+  EncodeOptions megatron_defaults() const override { return {false, false}; }
+  std::string Describe() const override {
+    return absl::StrFormat("%s %s (SentencePiece BPE%s, %d pieces, EOD %s)", type_, name_,
+                           model_.byte_fallback ? ", byte fallback" : "", model_.pieces.size(),
+                           eos_ ? absl::StrCat(*eos_) : "none");
+  }
+
+  // The piece a symbol (one character, or a user-defined symbol) is, or -1: characters of the
+  // Basic Multilingual Plane from a direct table.
+  int32_t SymbolId(std::string_view s) const {
+    const auto* p = reinterpret_cast<const uint8_t*>(s.data());
+    uint32_t cp;
+    if (s.size() <= 3 && DecodeUtf8(p, p + s.size(), &cp) == static_cast<int>(s.size()))
+      return char_id_[cp];
+    return pieces_.Find(s);
+  }
+
+  // sentencepiece's PieceToId: reserved pieces, then ordinary ones, else unk.
+  int32_t PieceToId(std::string_view s) const {
+    const int32_t r = reserved_.Find(s);
+    if (r >= 0) return r;
+    const int32_t p = pieces_.Find(s);
+    return p >= 0 ? p : unk_id_;
+  }
+
+  SentencePieceModel model_;
+  std::string name_, type_;
+  std::unique_ptr<TokenMatcher> user_defined_;
+  std::optional<SentencePieceNormalizer> normalizer_;
+  TokenTable pieces_;    // NORMAL, USER_DEFINED, UNUSED
+  TokenTable reserved_;  // CONTROL, UNKNOWN, BYTE
+  std::vector<int32_t> char_id_ = std::vector<int32_t>(0x10000, -1);  // one-character pieces
+  // (left piece, right piece) -> the piece of their concatenation, for every split of every
+  // piece into two pieces: merge candidates without hashing strings.
+  PairTable merges_;
+  int32_t unk_id_ = -1;
+  int32_t byte_ids_[256] = {};
+  // Text can be cut where no piece holds the bytes on both sides (no merge crosses there), unless
+  // the model has UNUSED pieces (their split-back depends on the whole text's merge history).
+  bool can_cut_ = false;
+  uint64_t pair_in_piece_[1024] = {};
+  bool PairInSomePiece(uint8_t a, uint8_t b) const {
+    const uint32_t i = (uint32_t{a} << 8) | b;
+    return (pair_in_piece_[i >> 6] >> (i & 63)) & 1;
+  }
+  std::optional<int32_t> eos_;
+};
+
+absl::StatusOr<std::unique_ptr<SpTokenizer>> SpTokenizer::Create(SentencePieceModel model,
+                                                                 const std::string& name,
+                                                                 const std::string& type) {
+  const auto error = [&](const std::string& what) {
+    return absl::InvalidArgumentError(Cat(name, ": ", what));
+  };
+  if (model.model_type != SentencePieceModel::ModelType::kBpe) {
+    const char* kind = model.model_type == SentencePieceModel::ModelType::kUnigram ? "unigram"
+                       : model.model_type == SentencePieceModel::ModelType::kWord  ? "word"
+                                                                                   : "char";
+    return absl::UnimplementedError(
+        Cat(name, ": the SentencePiece ", kind, " model is not implemented (only BPE is)"));
+  }
+  auto t = std::unique_ptr<SpTokenizer>(new SpTokenizer());
+  t->name_ = name;
+  t->type_ = type;
+  t->user_defined_ = std::make_unique<TokenMatcher>();
+  bool byte_found[256] = {};
+  for (size_t i = 0; i < model.pieces.size(); ++i) {
+    const auto& p = model.pieces[i];
+    const int32_t id = static_cast<int32_t>(i);
+    if (p.piece.empty()) return error(absl::StrFormat("piece %d is empty", i));
+    if (std::isnan(p.score)) return error(absl::StrFormat("piece %d has a NaN score", i));
+    const bool normal = p.type == PieceType::kNormal || p.type == PieceType::kUserDefined ||
+                        p.type == PieceType::kUnused;
+    TokenTable& table = normal ? t->pieces_ : t->reserved_;
+    if (table.Find(p.piece) >= 0)
+      return error(Cat("piece \"", absl::CHexEscape(p.piece), "\" is defined twice"));
+    table.Set(p.piece, id);
+    if (p.type == PieceType::kUserDefined) t->user_defined_->Add(p.piece, id);
+    if (normal && p.piece.size() <= 3) {
+      uint32_t cp = 0;
+      const auto* b = reinterpret_cast<const uint8_t*>(p.piece.data());
+      if (DecodeUtf8(b, b + p.piece.size(), &cp) == static_cast<int>(p.piece.size()))
+        t->char_id_[cp] = id;
+    }
+    if (p.type == PieceType::kUnknown) {
+      if (t->unk_id_ >= 0) return error("the unk piece is defined twice");
+      t->unk_id_ = id;
+    }
+    if (p.type == PieceType::kByte) {
+      if (!model.byte_fallback) return error(Cat("byte piece ", p.piece, " without byte_fallback"));
+      unsigned b = 256;
+      if (p.piece.size() == 6 && std::sscanf(p.piece.c_str(), "<0x%2X>", &b) == 1 &&
+          absl::StrFormat("<0x%02X>", b) == p.piece && b < 256) {
+        byte_found[b] = true;
+        t->byte_ids_[b] = id;
+      } else {
+        return error(Cat("byte piece ", p.piece, " is invalid"));
+      }
+    }
+  }
+  if (t->unk_id_ < 0) return error("no unk piece");
+  if (model.byte_fallback) {
+    for (bool f : byte_found)
+      if (!f) return error("byte_fallback without all 256 byte pieces");
+  }
+  absl::StatusOr<SentencePieceNormalizer> normalizer = SentencePieceNormalizer::Create(
+      model.normalizer, model.treat_whitespace_as_suffix, t->user_defined_.get());
+  if (!normalizer.ok()) return error(std::string(normalizer.status().message()));
+  t->normalizer_.emplace(*std::move(normalizer));
+  for (size_t i = 0; i < model.pieces.size(); ++i) {
+    const auto& p = model.pieces[i];
+    if (p.type != PieceType::kNormal && p.type != PieceType::kUserDefined &&
+        p.type != PieceType::kUnused)
+      continue;
+    const std::string_view s = p.piece;
+    for (size_t k = 1; k < s.size(); ++k) {
+      if ((static_cast<uint8_t>(s[k]) & 0xC0) == 0x80) continue;  // split between characters
+      const int32_t left = t->pieces_.Find(s.substr(0, k));
+      const int32_t right = left < 0 ? -1 : t->pieces_.Find(s.substr(k));
+      if (right >= 0) t->merges_.Set(left, right, {0, static_cast<int32_t>(i)});
+    }
+  }
+  t->can_cut_ = true;
+  for (const auto& p : model.pieces) {
+    if (p.type == PieceType::kUnused) t->can_cut_ = false;
+    if (p.type != PieceType::kNormal && p.type != PieceType::kUserDefined &&
+        p.type != PieceType::kUnused)
+      continue;
+    for (size_t i = 1; i < p.piece.size(); ++i) {
+      const uint32_t k =
+          (uint32_t{static_cast<uint8_t>(p.piece[i - 1])} << 8) | static_cast<uint8_t>(p.piece[i]);
+      t->pair_in_piece_[k >> 6] |= uint64_t{1} << (k & 63);
+    }
+  }
+  const int32_t eos = t->PieceToId(model.eos_piece);
+  if (model.pieces[eos].type == PieceType::kControl) t->eos_ = eos;
+  t->model_ = std::move(model);
+  return t;
+}
+
+absl::Status SpTokenizer::Decode(absl::Span<const int32_t> ids, std::string* out) const {
+  if (model_.has_denormalizer && !model_.denormalizer.precompiled_charsmap.empty()) {
+    return absl::UnimplementedError(
+        Cat(name_, ": decoding with a denormalizer is not implemented"));
+  }
+  const auto type_of = [&](int32_t id) { return model_.pieces[id].type; };
+  std::string text;
+  std::string bytes;
+  bool is_bos_ws = true, bos_ws_seen = false;
+  const auto flush_bytes = [&] {
+    // Byte pieces decode as UTF-8; a byte that starts no valid character is U+FFFD.
+    const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
+    const uint8_t* end = p + bytes.size();
+    while (p < end) {
+      uint32_t cp;
+      const int len = DecodeUtf8(p, end, &cp);
+      if (len == 0) {
+        text += "\xEF\xBF\xBD";
+        ++p;
+      } else {
+        text.append(reinterpret_cast<const char*>(p), len);
+        p += len;
+      }
+    }
+    bytes.clear();
+  };
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int32_t id = ids[i];
+    if (id < 0 || static_cast<size_t>(id) >= model_.pieces.size()) {
+      return absl::OutOfRangeError(
+          absl::StrFormat("id %d at position %d is outside the %d pieces of %s", id, i,
+                          model_.pieces.size(), name_));
+    }
+    const PieceType type = type_of(id);
+    if (type == PieceType::kByte) {
+      unsigned b;
+      std::sscanf(model_.pieces[id].piece.c_str(), "<0x%2X>", &b);
+      bytes.push_back(static_cast<char>(b));
+      continue;
+    }
+    flush_bytes();
+    if (bos_ws_seen || !text.empty()) is_bos_ws = false;
+    std::string_view piece = model_.pieces[id].piece;
+    if (type == PieceType::kControl) {
+      bos_ws_seen = false;
+      continue;
+    }
+    if (type == PieceType::kUnknown) {
+      text += model_.unk_surface;
+      bos_ws_seen = false;
+      continue;
+    }
+    bool has_bos_ws = false;
+    if (is_bos_ws &&
+        (model_.normalizer.add_dummy_prefix || model_.normalizer.remove_extra_whitespaces)) {
+      if (piece.substr(0, kSpaceSymbol.size()) == kSpaceSymbol) {
+        piece.remove_prefix(kSpaceSymbol.size());
+        has_bos_ws = true;
+      }
+      if (model_.normalizer.remove_extra_whitespaces) has_bos_ws = false;
+    }
+    for (size_t k = 0; k < piece.size();) {
+      if (piece.substr(k, kSpaceSymbol.size()) == kSpaceSymbol) {
+        text.push_back(' ');
+        k += kSpaceSymbol.size();
+      } else {
+        text.push_back(piece[k++]);
+      }
+    }
+    bos_ws_seen = has_bos_ws;
+  }
+  flush_bytes();
+  out->append(text);
+  return absl::OkStatus();
+}
+
+void SpEncoder::Resegment(std::string_view w, std::vector<int32_t>* ids) {
+  const int32_t id = t_.PieceToId(w);
+  if (t_.model_.pieces[id].type == PieceType::kUnused) {
+    const auto it = rev_merge_.find(absl::string_view(w.data(), w.size()));
+    if (it != rev_merge_.end()) {
+      const auto parts = it->second;  // copy: the recursion may rehash the map
+      Resegment(parts.first, ids);
+      Resegment(parts.second, ids);
+      return;
+    }
+  }
+  if (id == t_.unk_id_ && t_.model_.byte_fallback) {
+    for (char c : w) ids->push_back(t_.byte_ids_[static_cast<uint8_t>(c)]);
+  } else {
+    ids->push_back(id);
+  }
+}
+
+void SpEncoder::EncodeWord(std::string_view word, std::vector<int32_t>* ids) {
+  // Characters (user-defined symbols whole and frozen).
+  symbols_.clear();
+  rev_merge_.clear();
+  for (size_t pos = 0; pos < word.size();) {
+    const std::string_view rest = word.substr(pos);
+    size_t n = t_.user_defined_->LongestPrefix(rest);
+    const bool freeze = n > 0;
+    if (!freeze) n = std::min(rest.size(), OneCharLen(static_cast<uint8_t>(rest[0])));
+    const int32_t index = static_cast<int32_t>(symbols_.size());
+    symbols_.push_back({static_cast<uint32_t>(pos), static_cast<uint32_t>(n), index - 1,
+                        pos + n < word.size() ? index + 1 : -1, t_.pieces_.Find(rest.substr(0, n)),
+                        freeze});
+    pos += n;
+  }
+  // sentencepiece's agenda pops the highest score first, the leftmost on ties, and skips entries
+  // whose symbols changed since. Here a tournament tree over the symbol positions holds only
+  // the current pairs, keyed (score order, position), so its root is the agenda's next valid
+  // entry; pairs are (re)computed in the agenda's order, which the UNUSED split-back records.
+  const size_t n = symbols_.size();
+  size_t leaves = 1;
+  while (leaves < n) leaves <<= 1;
+  constexpr uint64_t kEmpty = ~uint64_t{0};
+  tree_.assign(2 * leaves, kEmpty);
+  pair_id_.resize(n);
+  // Higher scores first: the float's bits made to sort as unsigned, then inverted.
+  const auto order = [](float score) {
+    uint32_t bits;
+    std::memcpy(&bits, &score, 4);
+    bits = (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
+    return ~bits;
+  };
+  const auto pair = [&](int32_t left) -> uint64_t {
+    if (left < 0) return kEmpty;
+    const int32_t right = symbols_[left].next;
+    if (right < 0 || symbols_[left].freeze || symbols_[right].freeze) return kEmpty;
+    const uint32_t size = symbols_[left].len + symbols_[right].len;
+    const std::string_view piece = word.substr(symbols_[left].start, size);
+    // Pairs of pieces come from a table of ids; only unknown characters need the string.
+    const int32_t id = symbols_[left].id >= 0 && symbols_[right].id >= 0
+                           ? t_.merges_.Find(symbols_[left].id, symbols_[right].id).merged
+                           : t_.pieces_.Find(piece);
+    if (id < 0) return kEmpty;
+    if (t_.model_.pieces[id].type == PieceType::kUnused) {
+      rev_merge_[absl::string_view(piece.data(), piece.size())] = {
+          std::string(word.substr(symbols_[left].start, symbols_[left].len)),
+          std::string(word.substr(symbols_[right].start, symbols_[right].len))};
+    }
+    pair_id_[left] = id;
+    return (uint64_t{order(t_.model_.pieces[id].score)} << 32) | static_cast<uint32_t>(left);
+  };
+  const auto set = [&](size_t i, uint64_t value) {
+    size_t k = leaves + i;
+    tree_[k] = value;
+    for (k >>= 1; k >= 1; k >>= 1) {
+      const uint64_t m = std::min(tree_[2 * k], tree_[2 * k + 1]);
+      if (tree_[k] == m) break;
+      tree_[k] = m;
+    }
+  };
+  for (size_t i = 0; i + 1 < n; ++i) tree_[leaves + i] = pair(static_cast<int32_t>(i));
+  for (size_t k = leaves - 1; k >= 1; --k) tree_[k] = std::min(tree_[2 * k], tree_[2 * k + 1]);
+  while (n > 0 && tree_[1] != kEmpty) {
+    const auto left = static_cast<int32_t>(tree_[1] & 0xFFFFFFFFu);
+    Symbol& l = symbols_[left];
+    const int32_t right = l.next;
+    Symbol& r = symbols_[right];
+    l.len += r.len;
+    l.id = pair_id_[left];
+    l.next = r.next;
+    if (r.next >= 0) symbols_[r.next].prev = left;
+    r.len = 0;
+    set(static_cast<size_t>(right), kEmpty);
+    if (l.prev >= 0) set(static_cast<size_t>(l.prev), pair(l.prev));
+    set(static_cast<size_t>(left), pair(left));
+  }
+  for (int32_t i = symbols_.empty() ? -1 : 0; i >= 0; i = symbols_[i].next) {
+    Resegment(word.substr(symbols_[i].start, symbols_[i].len), ids);
+  }
+}
+
+void SpEncoder::Emit(const std::vector<int32_t>& ids, std::vector<int32_t>* out) {
+  // Consecutive unknown pieces are one unknown (byte fallback expands them instead).
+  for (int32_t id : ids) {
+    const bool unk = id == t_.unk_id_;
+    if (!(unk && prev_unk_)) out->push_back(id);
+    prev_unk_ = unk;
+  }
+}
+
+absl::Status SpEncoder::Encode(std::string_view text, std::vector<int32_t>* out) {
+  t_.normalizer_->Normalize(text, &normalized_);
+  prev_unk_ = false;
+  const std::string_view norm = normalized_;
+  if (!t_.can_cut_) {
+    word_ids_.clear();
+    EncodeWord(norm, &word_ids_);
+    Emit(word_ids_, out);
+    return absl::OkStatus();
+  }
+  // Cut between symbols (characters, user-defined symbols) where no piece holds the two bytes
+  // around the cut: usually before each U+2581 that follows a non-space. The segments (words)
+  // merge on their own, exactly as inside the whole text, and recur, so they are cached.
+  const auto segment = [&](std::string_view word) {
+    const auto* w = reinterpret_cast<const uint8_t*>(word.data());
+    word_ids_.clear();
+    if (!cache_.Lookup(w, word.size(), &word_ids_)) {
+      EncodeWord(word, &word_ids_);
+      if (word.size() <= 256) cache_.Insert(w, word.size(), word_ids_.data(), word_ids_.size());
+    }
+    Emit(word_ids_, out);
+  };
+  const auto* p = reinterpret_cast<const uint8_t*>(norm.data());
+  size_t start = 0;
+  for (size_t pos = 0; pos < norm.size();) {
+    if (pos > start && !t_.PairInSomePiece(p[pos - 1], p[pos])) {
+      segment(norm.substr(start, pos - start));
+      start = pos;
+    }
+    const std::string_view rest = norm.substr(pos);
+    size_t n = t_.user_defined_->LongestPrefix(rest);
+    if (n == 0) n = std::min(rest.size(), OneCharLen(p[pos]));
+    pos += n;
+  }
+  if (start < norm.size()) segment(norm.substr(start));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> SentencePieceTokenizerFromBytes(
+    std::string_view bytes, const std::string& name, const std::string& type) {
+  absl::StatusOr<SentencePieceModel> model = ParseSentencePieceModel(bytes, name);
+  if (!model.ok()) return model.status();
+  absl::StatusOr<std::unique_ptr<SpTokenizer>> t =
+      SpTokenizer::Create(*std::move(model), name, type);
+  if (!t.ok()) return t.status();
+  return std::unique_ptr<Tokenizer>(std::move(*t));
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceTokenizer(const std::string& path,
+                                                                      const std::string& type) {
+  absl::StatusOr<std::string> bytes = fs::ReadFileToString(path);
+  if (!bytes.ok()) return bytes.status();
+  return SentencePieceTokenizerFromBytes(*bytes, path, type);
+}
+
+}  // namespace leantron::data
