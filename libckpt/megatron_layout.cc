@@ -85,7 +85,8 @@ int64_t PadTo(int64_t value, int64_t divisor) { return (value + divisor - 1) / d
 std::optional<std::string> CanonicalFromLegacyName(const ModelLayout& layout, int pp_rank,
                                                    int virtual_chunk, std::string_view name) {
   if (IsExtraState(name)) return std::nullopt;
-  const auto [first, last] = layout.StageLayers(pp_rank, virtual_chunk);
+  const auto stage_layers = layout.StageLayers(pp_rank, virtual_chunk);
+  const int64_t first = stage_layers.first, last = stage_layers.second;
   auto layer_name = [&](int64_t local, std::string_view suffix) -> std::string {
     if (local < 0 || local >= last - first || suffix.empty()) return "";
     return Cat(kLayers, first + local, ".", suffix);
