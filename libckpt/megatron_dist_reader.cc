@@ -153,7 +153,8 @@ absl::Status MegatronDistReader::ReadRegion(const DcpTensorInfo& info, const std
     }
     if (verify_) {
       for (const ZipEntry& entry : (*archive)->zip().entries()) {
-        if (auto s = (*archive)->zip().VerifyCrc(entry); !s.ok()) return s;
+        auto release = [&](std::span<const std::byte> done) { (*archive)->Release(done); };
+        if (auto s = (*archive)->zip().VerifyCrc(entry, release); !s.ok()) return s;
       }
     }
     copied +=

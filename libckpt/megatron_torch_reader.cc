@@ -198,7 +198,7 @@ absl::Status MegatronTorchReader::AddRankTensor(const TorchArchive& archive, Ten
     return absl::DataLossError(Cat(archive.source(), ": ", what, " is ", DTypeName(tensor->dtype),
                                    ", expected ", DTypeName(dtype)));
   }
-  AddShard(kind, spec.name, tp, {tensor->data, archive.file()});
+  AddShard(kind, spec.name, tp, {tensor->data, archive.file(), &archive, tensor->storage_key});
   return absl::OkStatus();
 }
 
@@ -237,7 +237,8 @@ absl::Status MegatronTorchReader::AddModel(const TorchArchive& archive, int tp, 
       }
       if (run_.fp32_training && metadata_.has_optimizer && !run_.distributed_optimizer) {
         auto tensor = archive.Tensor(value, name);
-        AddShard(TensorKind::kMainParam, spec->name, tp, {tensor->data, archive.file()});
+        AddShard(TensorKind::kMainParam, spec->name, tp,
+                 {tensor->data, archive.file(), &archive, tensor->storage_key});
       }
     }
   }
@@ -296,7 +297,8 @@ absl::Status MegatronTorchReader::AddDistributedOptimizer(const TorchArchive& ar
       for (const BufferParam& param : flat.params) {
         if (!param.spec->tied_to.empty()) continue;
         AddShard(kind, param.spec->name, tp,
-                 {tensor->data.subspan(param.world_offset * 4, param.numel * 4), archive.file()});
+                 {tensor->data.subspan(param.world_offset * 4, param.numel * 4), archive.file(),
+                  &archive, tensor->storage_key});
       }
     }
   }
@@ -458,6 +460,7 @@ absl::StatusOr<std::unique_ptr<CheckpointSource>> MegatronTorchReader::Open(
   std::unique_ptr<MegatronTorchReader> reader(
       new MegatronTorchReader(std::move(metadata), *std::move(layout), *std::move(run)));
   reader->iteration_dir_ = iteration_dir;
+  reader->verify_storages_ = options.verify;
   int64_t step = -1;
   for (size_t i = 0; i < ranks->size(); ++i) {
     const RankDir& rank = (*ranks)[i];
@@ -483,8 +486,10 @@ absl::StatusOr<std::unique_ptr<CheckpointSource>> MegatronTorchReader::Open(
                                        source, "'s"));
       }
     }
+    // The pickle and small records now; each storage record when a tensor is first copied out
+    // of it (TpShardSource::ReadFull), so the data is read once, not once more up front.
     if (options.verify) {
-      if (auto s = archive->VerifyCrcs(); !s.ok()) return s;
+      if (auto s = archive->VerifyCrcs(/*storages=*/false); !s.ok()) return s;
     }
     if (auto s = reader->AddModel(*archive, rank.tp, rank.pp); !s.ok()) return s;
     if (reader->metadata_.has_optimizer) {
@@ -496,7 +501,7 @@ absl::StatusOr<std::unique_ptr<CheckpointSource>> MegatronTorchReader::Open(
         auto optim = TorchArchive::Open(path);
         if (!optim.ok()) return optim.status();
         if (options.verify) {
-          if (auto s = (*optim)->VerifyCrcs(); !s.ok()) return s;
+          if (auto s = (*optim)->VerifyCrcs(/*storages=*/false); !s.ok()) return s;
         }
         if (auto s = reader->AddDistributedOptimizer(**optim, rank.tp, rank.pp); !s.ok()) return s;
         reader->archives_.push_back(*std::move(optim));

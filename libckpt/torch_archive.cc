@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "libckpt/strings.h"
 
@@ -259,10 +260,29 @@ absl::StatusOr<TorchTensor> TorchArchive::Tensor(const PyValue* value,
   return out;
 }
 
-absl::Status TorchArchive::VerifyCrcs() const {
+absl::Status TorchArchive::VerifyCrcs(bool storages) const {
+  const std::string data_prefix = Cat(prefix_, "data/");
   for (const ZipEntry& entry : zip_->entries()) {
-    if (auto s = zip_->VerifyCrc(entry); !s.ok()) return s;
+    if (!storages && absl::StartsWith(entry.name, data_prefix)) continue;
+    if (auto s = zip_->VerifyCrc(entry, [this](std::span<const std::byte> done) { Release(done); });
+        !s.ok()) {
+      return s;
+    }
   }
+  return absl::OkStatus();
+}
+
+absl::Status TorchArchive::VerifyStorage(std::string_view key) const {
+  if (verified_.contains(ToAbsl(key))) return absl::OkStatus();
+  const ZipEntry* record = zip_->Find(Cat(prefix_, "data/", key));
+  if (record == nullptr) {
+    return absl::DataLossError(Cat(source_, ": no storage record 'data/", key, "'"));
+  }
+  if (auto s = zip_->VerifyCrc(*record, [this](std::span<const std::byte> done) { Release(done); });
+      !s.ok()) {
+    return s;
+  }
+  verified_.insert(std::string(key));
   return absl::OkStatus();
 }
 

@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "libckpt/dtype.h"
 #include "libckpt/mapped_file.h"
@@ -67,8 +68,13 @@ class TorchArchive {
   void Release(std::span<const std::byte> data) const {
     if (file_) file_->Release(data);
   }
-  // Compares every record with its CRC-32: one read of the whole archive.
-  absl::Status VerifyCrcs() const;
+  // Compares every record with its CRC-32 (storages=false: all but the data/ storage records):
+  // one read of those bytes, their pages dropped from the resident set as the check passes them.
+  absl::Status VerifyCrcs(bool storages = true) const;
+  // Compares storage record data/<key> with its CRC-32 the first time it is asked for (the readers
+  // call it before copying a tensor out of the record, so each record is read twice while it is
+  // in the page cache rather than the whole archive once more up front).
+  absl::Status VerifyStorage(std::string_view key) const;
 
  private:
   TorchArchive() = default;
@@ -79,6 +85,7 @@ class TorchArchive {
   std::unique_ptr<ZipArchive> zip_;
   std::string prefix_;  // "<archive name>/"
   std::unique_ptr<Pickle> pickle_;
+  mutable absl::flat_hash_set<std::string> verified_;  // storage keys VerifyStorage has checked
 };
 
 }  // namespace leantron::ckpt

@@ -59,6 +59,13 @@ absl::Status TpShardSource::ReadFull(const ParamSpec& target, TensorKind kind, T
   out->Reset(dtype, shape);
   const std::span<std::byte> merged(out->data.data(),
                                     static_cast<size_t>(NumElements(source->shape)) * element_size);
+  // Every rank's record, replicated copies included (only the first is copied).
+  if (verify_storages_) {
+    for (const ShardRef& shard : it->second) {
+      if (shard.archive == nullptr) continue;
+      if (auto s = shard.archive->VerifyStorage(shard.storage_key); !s.ok()) return s;
+    }
+  }
   for (int tp = 0; tp < metadata_.parallel.tp; ++tp) {
     const ShardRef& shard = it->second[tp];
     size_t released = 0;

@@ -11,12 +11,17 @@
 #include "absl/container/flat_hash_map.h"
 #include "libckpt/checkpoint_reader.h"
 #include "libckpt/mapped_file.h"
+#include "libckpt/torch_archive.h"
 
 namespace leantron::ckpt {
 
 struct ShardRef {
   std::span<const std::byte> data;   // The shard's bytes, row-major in its shard shape.
   const MappedFile* file = nullptr;  // Whose pages to release once copied.
+  // The torch.save storage record holding `data`, checked against its CRC-32 before the first
+  // copy out of it when the source verifies (CheckpointReadOptions::verify).
+  const TorchArchive* archive = nullptr;
+  std::string storage_key;
 };
 
 class TpShardSource : public CheckpointSource {
@@ -32,6 +37,7 @@ class TpShardSource : public CheckpointSource {
   // Whether every parameter (tied copies aside) has a shard on every TP rank for `kind`; returns
   // the first missing one otherwise.
   std::optional<std::pair<std::string, int>> FirstMissing(TensorKind kind) const;
+  bool verify_storages_ = false;  // Check each ShardRef's record before copying from it.
 
  private:
   // [kind][canonical name][tp rank]

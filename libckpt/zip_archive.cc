@@ -195,8 +195,17 @@ const ZipEntry* ZipArchive::Find(std::string_view name) const {
   return it == index_.end() ? nullptr : &entries_[it->second];
 }
 
-absl::Status ZipArchive::VerifyCrc(const ZipEntry& entry) const {
-  if (Crc32(0, Data(entry)) != entry.crc32) {
+absl::Status ZipArchive::VerifyCrc(
+    const ZipEntry& entry, const std::function<void(std::span<const std::byte>)>& done) const {
+  constexpr size_t kPiece = size_t{32} << 20;
+  const std::span<const std::byte> data = Data(entry);
+  uint32_t crc = 0;
+  for (size_t at = 0; at < data.size(); at += kPiece) {
+    const std::span<const std::byte> piece = data.subspan(at, std::min(kPiece, data.size() - at));
+    crc = Crc32(crc, piece);
+    if (done) done(piece);
+  }
+  if (crc != entry.crc32) {
     return absl::DataLossError(
         Cat(source_, ": entry '", entry.name, "' does not match its CRC-32 (corrupted)"));
   }

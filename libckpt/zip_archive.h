@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -40,7 +41,9 @@ class ZipArchive {
     return bytes_.subspan(entry.offset, entry.size);
   }
   // Compares an entry's bytes with its CRC-32 (one read of them); DataLoss names the entry.
-  absl::Status VerifyCrc(const ZipEntry& entry) const;
+  // `done`, when given, is called with each 32 MiB piece once it is read (to drop its pages).
+  absl::Status VerifyCrc(const ZipEntry& entry,
+                         const std::function<void(std::span<const std::byte>)>& done = {}) const;
 
  private:
   std::span<const std::byte> bytes_;
