@@ -62,14 +62,27 @@ absl::Status ReshardCheckpoint(const std::string& load_dir, const std::string& s
   if (auto layout = ModelLayout::Create(metadata.config, metadata.parallel); !layout.ok()) {
     return layout.status();
   }
+  const bool existed = std::filesystem::exists(save_dir, error);
+  absl::Status status;
   if (options.save_format == SaveFormat::kMegatron) {
     MegatronSaveOptions save;
     save.distributed_optimizer =
         options.distributed_optimizer.value_or(UsesDistributedOptimizer(metadata.args_json));
     save.progress = options.progress;
-    return SaveMegatronCheckpoint(**reader, metadata, save_dir, save);
+    status = SaveMegatronCheckpoint(**reader, metadata, save_dir, save);
+  } else {
+    status = SaveCheckpointFrom(**reader, metadata, save_dir, nullptr, options.progress);
   }
-  return SaveCheckpointFrom(**reader, metadata, save_dir, nullptr, options.progress);
+  if (!status.ok()) {
+    // A source found broken halfway (a record failing its CRC) leaves nothing behind: not the
+    // half-written iteration, nor the directory this call created.
+    std::filesystem::remove_all(
+        std::filesystem::path(save_dir) / (IterationDirName(metadata.iteration) + ".tmp"), error);
+    if (!existed && std::filesystem::is_empty(save_dir, error)) {
+      std::filesystem::remove(save_dir, error);
+    }
+  }
+  return status;
 }
 
 }  // namespace leantron::ckpt
