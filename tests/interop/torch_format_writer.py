@@ -59,10 +59,11 @@ def bf16_to_f32(bits):
 
 
 class Storage:
-    """An untyped byte buffer several tensors may view (like Megatron's parameter buffer)."""
+    """An untyped byte buffer several tensors may view (like Megatron's parameter buffer). `data`:
+    bytes, or a StreamedData whose bytes are produced only while the archive is written."""
 
     def __init__(self, data, dtype, location="cpu"):
-        self.data = bytes(data)
+        self.data = data if isinstance(data, StreamedData) else bytes(data)
         self.dtype = dtype
         self.location = location
         assert len(self.data) % DTYPES[dtype][2] == 0
@@ -70,6 +71,18 @@ class Storage:
     @property
     def numel(self):
         return len(self.data) // DTYPES[self.dtype][2]
+
+
+class StreamedData:
+    """A record's bytes as pieces made on demand (for multi-gigabyte archives: the benchmark's
+    generator): `pieces` is a function returning an iterable of bytes-like pieces that add up to
+    `size` bytes."""
+
+    def __init__(self, size, pieces):
+        self.size, self.pieces = int(size), pieces
+
+    def __len__(self):
+        return self.size
 
 
 class Tensor:
@@ -291,7 +304,7 @@ def write_torch_zip(out, archive_name, records, mtime=None):
     for name, data in records:
         full = f"{archive_name}/{name}".encode()
         cursor = out.tell() - start
-        size = len(data)
+        size = len(data)  # bytes, or StreamedData
         big_size, big_cursor = size >= 0xFFFFFFFF, cursor >= 0xFFFFFFFF
         zip64 = b""
         if big_size or big_cursor:
@@ -303,12 +316,20 @@ def write_torch_zip(out, archive_name, records, mtime=None):
         pad = (64 - data_start % 64) % 64
         extra = zip64 + b"FB" + struct.pack("<H", pad) + b"Z" * pad
         flags = 0x0800 | (0x0008 if size else 0)
-        crc = zlib.crc32(data) & 0xFFFFFFFF
         out.write(struct.pack("<IHHHHHIIIHH", 0x04034B50, 0, flags, 0, time_, date, 0, 0, 0,
                               len(full), len(extra)))
         out.write(full)
         out.write(extra)
-        out.write(data)
+        if isinstance(data, StreamedData):
+            crc, written = 0, 0
+            for piece in data.pieces():
+                crc = zlib.crc32(piece, crc)
+                written += out.write(piece)
+            assert written == size, (name, written, size)
+            crc &= 0xFFFFFFFF
+        else:
+            crc = zlib.crc32(data) & 0xFFFFFFFF
+            out.write(data)
         if size:
             out.write(struct.pack("<IIQQ" if zip64 else "<IIII", 0x08074B50, crc, size, size))
         cd_extra = b""
@@ -344,9 +365,9 @@ class _TorchPickler(pickle.Pickler):
         return None
 
 
-def torch_dumps(obj, archive_name="archive", mtime=None):
-    """The bytes torch.save(obj, f) writes; archive_name is the file's stem ("archive" for a
-    stream)."""
+def torch_dump(obj, out, archive_name="archive", mtime=None):
+    """Writes what torch.save(obj, f) writes into the binary stream `out`; archive_name is the
+    file's stem ("archive" for a stream)."""
     buf = io.BytesIO()
     with _stand_ins():
         pickler = _TorchPickler(buf)
@@ -356,14 +377,20 @@ def torch_dumps(obj, archive_name="archive", mtime=None):
     records += [(f"data/{key}", s.data) for key, s in pickler.storages.values()]
     records.append(("version", b"3\n"))
     records.append((".data/serialization_id", f"{uuid.uuid4().int % 10**40:040d}".encode()))
-    out = io.BytesIO()
     write_torch_zip(out, archive_name, records, mtime)
+
+
+def torch_dumps(obj, archive_name="archive", mtime=None):
+    """The bytes torch.save(obj, f) writes."""
+    out = io.BytesIO()
+    torch_dump(obj, out, archive_name, mtime)
     return out.getvalue()
 
 
 def torch_save(obj, path):
     path = Path(path)
-    path.write_bytes(torch_dumps(obj, archive_name=path.stem))
+    with open(path, "wb") as f:
+        torch_dump(obj, f, archive_name=path.stem)
 
 
 # ---------------------------------------------------------------- torch.load (for checks)
@@ -459,7 +486,12 @@ def write_dcp(directory, items, planner_data=None, mtime=None):
     torch.save archive named "archive")."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    files = collections.defaultdict(io.BytesIO)
+    class _Files(dict):  # rank -> its __<rank>_0.distcp, opened on first use
+        def __missing__(self, rank):
+            f = self[rank] = open(directory / f"__{rank}_0.distcp", "wb")
+            return f
+
+    files = _Files()
     state_md, storage = {}, {}
     with _stand_ins():
         dtype_of = lambda d: getattr(_module("torch"), DTYPES[d][1])  # noqa: E731
@@ -475,10 +507,10 @@ def write_dcp(directory, items, planner_data=None, mtime=None):
                 chunks = []
                 for index, (offsets, tensor, rank) in enumerate(item.chunks):
                     f = files[rank]
-                    blob = torch_dumps(tensor, "archive", mtime)
+                    begin = f.tell()
+                    torch_dump(tensor, f, "archive", mtime)
                     key = MetadataIndex(fqn, Size(offsets), index)
-                    storage[key] = _StorageInfo(f"__{rank}_0.distcp", f.tell(), len(blob))
-                    f.write(blob)
+                    storage[key] = _StorageInfo(f"__{rank}_0.distcp", begin, f.tell() - begin)
                     chunks.append(ChunkStorageMetadata(Size(offsets), Size(tensor.shape)))
                 props = TensorProperties(dtype_of(item.dtype), getattr(_module("torch"), "strided"), False,
                                          None, False)
@@ -486,6 +518,6 @@ def write_dcp(directory, items, planner_data=None, mtime=None):
         metadata = Metadata(state_md, planner_data if planner_data is not None else {k: (k,) for k in items},
                             storage, StorageMeta(str(directory), str(uuid.uuid4())), "1.0.0")
         md_bytes = pickle.dumps(metadata)  # DCP's pickle.dump: the default protocol
-    for rank, f in sorted(files.items()):
-        (directory / f"__{rank}_0.distcp").write_bytes(f.getvalue())
+    for f in files.values():
+        f.close()
     (directory / ".metadata").write_bytes(md_bytes)
