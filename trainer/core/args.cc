@@ -434,9 +434,8 @@ std::string TrainArgsToJson(const TrainArgs& a) {
       "\"decoder_last_pipeline_num_layers\": %s}",
       a.micro_batch_size, a.global_batch_size, a.seq_length, a.train_iters, a.lr, a.min_lr,
       a.lr_decay_style, a.lr_warmup_iters, a.lr_decay_iters, a.weight_decay, a.adam_beta1,
-      a.adam_beta2, a.adam_eps, a.clip_grad, a.seed,
-      a.hidden_dropout, a.attention_dropout, a.tensor_model_parallel_size,
-      a.pipeline_model_parallel_size, a.data_parallel_size(),
+      a.adam_beta2, a.adam_eps, a.clip_grad, a.seed, a.hidden_dropout, a.attention_dropout,
+      a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.data_parallel_size(),
       a.sequence_parallel ? "true" : "false", a.use_distributed_optimizer ? "true" : "false",
       a.tokenizer_type, a.virtual_pipeline_size(), count(a.decoder_first_pipeline_num_layers),
       count(a.decoder_last_pipeline_num_layers));
