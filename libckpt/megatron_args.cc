@@ -142,8 +142,6 @@ absl::StatusOr<MegatronRun> MegatronRunFromArgs(const PyValue* args, std::string
   }
   if (get_bool("squared_relu", false)) return refuse("squared ReLU");
   if (get_bool("rotary_interleaved", false)) return refuse("interleaved rotary embeddings");
-  if (get_bool("use_rope_scaling", false))
-    return refuse("scaled rotary embeddings (use_rope_scaling)");
   if (get_bool("account_for_embedding_in_pipeline_split", false) ||
       get_bool("account_for_loss_in_pipeline_split", false)) {
     return refuse("account_for_embedding/loss_in_pipeline_split");
@@ -195,6 +193,15 @@ absl::StatusOr<MegatronRun> MegatronRunFromArgs(const PyValue* args, std::string
     if (percent != 1.0)
       return refuse(Cat("partial rotary embeddings (rotary_percent ", percent, ")"));
     c.rotary_base = get_float("rotary_base", 10000.0).value_or(10000.0);
+    // --use-rope-scaling: Llama 3.1's scaling, Megatron's factor (default 8) and the rest fixed.
+    if (get_bool("use_rope_scaling", false)) {
+      c.rope_scaling.llama3 = true;
+      c.rope_scaling.factor = get_float("rope_scaling_factor", 8.0).value_or(8.0);
+      if (!(c.rope_scaling.factor > 0) || !std::isfinite(c.rope_scaling.factor)) {
+        return absl::InvalidArgumentError(
+            Cat(source, ": rope_scaling_factor ", c.rope_scaling.factor, " is not positive"));
+      }
+    }
   } else {
     return refuse(Cat("position_embedding_type ", position));
   }

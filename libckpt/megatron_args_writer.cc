@@ -101,6 +101,8 @@ void EmitMegatronArgs(PickleWriter& p, const MegatronArgs& args, const Checkpoin
                           ? Int(static_cast<int64_t>(c.rotary_base))
                           : Float(c.rotary_base)},
       {"rotary_percent", Float(1.0)},
+      {"use_rope_scaling", Bool(c.rope_scaling.llama3)},
+      {"rope_scaling_factor", Float(c.rope_scaling.factor)},
       {"add_bias_linear", Bool(c.add_bias_linear)},
       {"add_qkv_bias", Bool(c.add_qkv_bias)},
       {"untie_embeddings_and_output_weights", Bool(c.untie_embeddings_and_output_weights)},

@@ -134,6 +134,16 @@ absl::Status SaveMegatronCheckpoint(FullTensorSource& source, const CheckpointMe
   if (optimizer && !source.has_optimizer()) {
     return absl::FailedPreconditionError("cannot save optimizer state: the source has none");
   }
+  if (const RopeScaling& r = c.rope_scaling, fixed;
+      r.llama3 &&
+      (r.low_freq_factor != fixed.low_freq_factor || r.high_freq_factor != fixed.high_freq_factor ||
+       r.original_max_position_embeddings != fixed.original_max_position_embeddings)) {
+    return absl::InvalidArgumentError(
+        Cat("the model's llama3 rope scaling (low_freq_factor ", r.low_freq_factor,
+            ", high_freq_factor ", r.high_freq_factor, ", original_max_position_embeddings ",
+            r.original_max_position_embeddings,
+            ") is not Megatron's --use-rope-scaling, which fixes them at 1, 4 and 8192"));
+  }
   if (c.params_dtype != DType::kBF16 && c.params_dtype != DType::kF32 &&
       c.params_dtype != DType::kF16) {
     return absl::InvalidArgumentError(

@@ -4,6 +4,7 @@ no torch here), read by the C++ tools: imported, resharded, exported to HF and i
 every tensor (weights, fp32 main weights, Adam moments, step) compared bitwise; written back in
 Megatron's format (--save-format megatron) and read again bitwise, by our reader and by a Python
 reader of torch.save archives; hostile and broken files refused with a clear error."""
+import json
 import os
 import pty
 import select
@@ -357,3 +358,33 @@ def test_train_resumes_from_a_megatron_checkpoint(tmp_path, layout):
     assert sorted(got) == [5, 6, 7, 8]
     for it, row in got.items():
         assert row == want[it], it
+
+
+def test_llama31_rope_scaling_round_trips(tmp_path):
+    """Megatron's --use-rope-scaling --rope-scaling-factor 32 (Llama 3.2's) becomes the model's
+    llama3 rope scaling, HF's rope_scaling at export, and the same two arguments when written
+    back in Megatron's format."""
+    model = dict(LLAMA_BF16, rotary_base=500000)
+    params, opt = state(model, 2, seed=21)
+    src = tmp_path / "megatron"
+    write_megatron_torch(src, model, 2, 1, 1, params, opt, iteration=20, step=20, dist_opt=False,
+                         extra_args={"use_rope_scaling": True, "rope_scaling_factor": 32.0})
+    ours = tmp_path / "ours"
+    reshard(src, ours, 1, 1)
+    meta, _ = read_ours_f32(ours)
+    assert meta["model"]["rope_scaling"] == {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    run("convert_hf", "--to-hf", "--load", src, "--save", tmp_path / "hf")
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert cfg["rope_scaling"]["rope_type"] == "llama3" and cfg["rope_scaling"]["factor"] == 32.0
+    back = tmp_path / "back"
+    reshard(ours, back, 2, 1, "--save-format", "megatron")
+    args = torch_load(back / "iter_0000020" / "mp_rank_00" / "model_optim_rng.pt")["args"]
+    assert args.use_rope_scaling is True and args.rope_scaling_factor == 32.0
+    # Without the flag the scaling is off, and said so in the arguments.
+    plain = tmp_path / "plain"
+    params, opt = state(LLAMA_BF16, 1, seed=22)
+    write_megatron_torch(plain, LLAMA_BF16, 1, 1, 1, params, opt, iteration=20, step=20, dist_opt=False)
+    reshard(plain, tmp_path / "plain_back", 1, 1, "--save-format", "megatron")
+    args = torch_load(tmp_path / "plain_back" / "iter_0000020" / "mp_rank_00" / "model_optim_rng.pt")["args"]
+    assert args.use_rope_scaling is False
