@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "libckpt/checkpoint_verify.h"
 #include "libckpt/strings.h"
@@ -111,6 +112,23 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
   reader->model_files_ = std::move(model_files);
   reader->optimizer_files_ = std::move(optimizer_files);
   return reader;
+}
+
+void CheckpointReader::DescribeFiles(std::ostream& out) const {
+  const ParallelConfig& p = metadata_.parallel;
+  for (int pp = 0; pp < p.pp; ++pp) {
+    for (int tp = 0; tp < p.tp; ++tp) {
+      for (bool optimizer : {false, true}) {
+        if (optimizer && !metadata_.has_optimizer) continue;
+        const SafetensorsFile& file = shard_file(tp, pp, optimizer);
+        std::filesystem::path path(file.path());
+        std::error_code error;
+        out << absl::StrFormat("  %-40s %12d bytes %5d tensors\n",
+                               (path.parent_path().filename() / path.filename()).string(),
+                               std::filesystem::file_size(path, error), file.tensors().size());
+      }
+    }
+  }
 }
 
 const SafetensorsFile& CheckpointReader::shard_file(int tp_rank, int pp_rank,

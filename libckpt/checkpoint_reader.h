@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -27,18 +28,46 @@ class FullTensorSource {
   virtual bool has_optimizer() const = 0;
 };
 
+// An opened checkpoint of any format (the project's own, or Megatron-LM's `torch` and
+// `torch_dist`, see checkpoint_source.h): its metadata in the project's terms, the layout it was
+// saved in, and full tensors on demand.
+class CheckpointSource : public FullTensorSource {
+ public:
+  const CheckpointMetadata& metadata() const { return metadata_; }
+  const ModelLayout& layout() const { return layout_; }
+  const std::string& iteration_dir() const { return iteration_dir_; }
+  bool has_optimizer() const override { return metadata_.has_optimizer; }
+  // "leantron", "megatron torch" or "megatron torch_dist".
+  virtual std::string_view format_name() const = 0;
+  // The files the iteration holds, one line each, for `inspect checkpoint`.
+  virtual void DescribeFiles(std::ostream& out) const = 0;
+
+ protected:
+  CheckpointSource(CheckpointMetadata metadata, ModelLayout layout)
+      : metadata_(std::move(metadata)), layout_(std::move(layout)) {}
+  CheckpointMetadata metadata_;
+  ModelLayout layout_;
+  std::string iteration_dir_;
+};
+
 // Checks that a shard file holds exactly the tensors `layout` puts on (tp_rank, pp_rank) for `kind`
 // (all optimizer kinds for the optimizer file), with the right shapes and dtype.
 absl::Status VerifyShardFile(const ModelLayout& layout, int tp_rank, int pp_rank, bool optimizer,
                              const SafetensorsFile& file);
 
+// Which format a --load names: detected from the iteration's files, or required (the tools'
+// --load-format leantron|megatron).
+enum class CheckpointFormat { kAuto, kLeantron, kMegatron };
+
 struct CheckpointReadOptions {
   // Also check the tensors' contents (checkpoint_verify.h): one read of every shard file. The
   // tools' --no-verify-checkpoint turns it off.
   bool verify = true;
+  CheckpointFormat format = CheckpointFormat::kAuto;  // Used by OpenCheckpoint.
 };
 
-class CheckpointReader : public FullTensorSource {
+// The project's own format.
+class CheckpointReader : public CheckpointSource {
  public:
   // Opens `iteration` of `checkpoint_dir` (the tracker's when unset) and verifies every shard:
   // its structure always, its contents unless `options.verify` is off. The counts metadata.json
@@ -48,20 +77,15 @@ class CheckpointReader : public FullTensorSource {
                                                                 std::optional<int64_t> iteration,
                                                                 CheckpointReadOptions options = {});
 
-  const CheckpointMetadata& metadata() const { return metadata_; }
-  const ModelLayout& layout() const { return layout_; }
-  const std::string& iteration_dir() const { return iteration_dir_; }
   const SafetensorsFile& shard_file(int tp_rank, int pp_rank, bool optimizer) const;
 
   absl::Status ReadFull(const ParamSpec& target, TensorKind kind, Tensor* out) override;
-  bool has_optimizer() const override { return metadata_.has_optimizer; }
+  std::string_view format_name() const override { return "leantron"; }
+  void DescribeFiles(std::ostream& out) const override;
 
  private:
   CheckpointReader(CheckpointMetadata metadata, ModelLayout layout)
-      : metadata_(std::move(metadata)), layout_(std::move(layout)) {}
-  CheckpointMetadata metadata_;
-  ModelLayout layout_;
-  std::string iteration_dir_;
+      : CheckpointSource(std::move(metadata), std::move(layout)) {}
   // [pp][tp]
   std::vector<std::vector<std::unique_ptr<SafetensorsFile>>> model_files_;
   std::vector<std::vector<std::unique_ptr<SafetensorsFile>>> optimizer_files_;

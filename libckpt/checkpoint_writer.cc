@@ -162,7 +162,15 @@ absl::Status CommitCheckpointSave(const std::string& checkpoint_dir, const std::
   }
   if (auto s = leantron::fs::FsyncPath(temp_dir); !s.ok()) return s;
   step("verified");
-  const fs::path final_dir = fs::path(checkpoint_dir) / IterationDirName(metadata.iteration);
+  return PublishIteration(checkpoint_dir, temp_dir, metadata.iteration, progress);
+}
+
+absl::Status PublishIteration(const std::string& checkpoint_dir, const std::string& temp_dir,
+                              int64_t iteration, const SaveProgress& progress) {
+  auto step = [&](std::string_view name) {
+    if (progress) progress(name);
+  };
+  const fs::path final_dir = fs::path(checkpoint_dir) / IterationDirName(iteration);
   if (fs::exists(final_dir)) {
     // Re-saving an iteration: swap atomically so a complete copy exists at every instant.
     if (::renameat2(AT_FDCWD, temp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) !=
@@ -179,7 +187,7 @@ absl::Status CommitCheckpointSave(const std::string& checkpoint_dir, const std::
   step("renamed");
   if (auto s = leantron::fs::WriteFileAtomically(
           (fs::path(checkpoint_dir) / kTrackerFileName).string(),
-          metadata.iteration < 0 ? std::string("release") : std::to_string(metadata.iteration));
+          iteration < 0 ? std::string("release") : std::to_string(iteration));
       !s.ok()) {
     return s;
   }
@@ -275,8 +283,15 @@ absl::Status CheckpointWriter::Commit(const SaveProgress& progress) {
   return CommitCheckpointSave(checkpoint_dir_, temp_dir_, metadata_, progress);
 }
 
+absl::StatusOr<SaveFormat> ParseSaveFormat(std::string_view name) {
+  if (name.empty() || name == "leantron") return SaveFormat::kLeantron;
+  if (name == "megatron") return SaveFormat::kMegatron;
+  return absl::InvalidArgumentError(Cat("unknown save format '", name, "' (leantron or megatron)"));
+}
+
 absl::Status SaveCheckpointFrom(FullTensorSource& source, const CheckpointMetadata& metadata,
-                                const std::string& checkpoint_dir, const SaveProgress& progress) {
+                                const std::string& checkpoint_dir, const SaveProgress& progress,
+                                const ProgressOptions& show_progress) {
   if (metadata.has_optimizer && !source.has_optimizer()) {
     return absl::FailedPreconditionError("cannot save optimizer state: the source has none");
   }
@@ -285,6 +300,17 @@ absl::Status SaveCheckpointFrom(FullTensorSource& source, const CheckpointMetada
   std::vector<TensorKind> kinds = {TensorKind::kParam};
   if (metadata.has_optimizer)
     kinds.insert(kinds.end(), std::begin(kOptimizerKinds), std::end(kOptimizerKinds));
+  int64_t total_tensors = 0, total_bytes = 0;
+  for (const ParamSpec& spec : (*writer)->layout().params()) {
+    if (!spec.tied_to.empty()) continue;
+    for (TensorKind kind : kinds) {
+      ++total_tensors;
+      total_bytes += NumElements(spec.shape) *
+                     static_cast<int64_t>(DTypeSize(
+                         kind == TensorKind::kParam ? metadata.config.params_dtype : DType::kF32));
+    }
+  }
+  ConversionProgress meter(show_progress, total_tensors, total_bytes);
   Tensor full;
   for (const ParamSpec& spec : (*writer)->layout().params()) {
     if (!spec.tied_to.empty()) continue;  // Written together with the parameter it copies.
@@ -297,8 +323,10 @@ absl::Status SaveCheckpointFrom(FullTensorSource& source, const CheckpointMetada
                                               " but the checkpoint stores ", DTypeName(expected)));
       }
       if (auto s = (*writer)->WriteFull(spec, kind, full.bytes()); !s.ok()) return s;
+      meter.Add(1, static_cast<int64_t>(full.data.size()));
     }
   }
+  meter.Done();
   return (*writer)->Commit(progress);
 }
 

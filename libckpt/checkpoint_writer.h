@@ -24,6 +24,7 @@
 #include "libckpt/checkpoint_metadata.h"
 #include "libckpt/checkpoint_reader.h"
 #include "libckpt/layout.h"
+#include "libckpt/progress.h"
 #include "libckpt/safetensors_writer.h"
 
 namespace leantron::ckpt {
@@ -58,6 +59,12 @@ absl::Status CommitCheckpointSave(const std::string& checkpoint_dir, const std::
                                   const CheckpointMetadata& metadata,
                                   const SaveProgress& progress = nullptr);
 
+// Steps 3 and 4 of a save, for any format written into PrepareCheckpointSave's directory: moves
+// the complete <dir>/iter_XXXXXXX.tmp into place (exchanging an iteration already there) and
+// replaces the tracker, last.
+absl::Status PublishIteration(const std::string& checkpoint_dir, const std::string& temp_dir,
+                              int64_t iteration, const SaveProgress& progress = nullptr);
+
 class CheckpointWriter {
  public:
   static absl::StatusOr<std::unique_ptr<CheckpointWriter>> Create(
@@ -89,6 +96,12 @@ class CheckpointWriter {
 // importer and tests share this path.
 absl::Status SaveCheckpointFrom(FullTensorSource& source, const CheckpointMetadata& metadata,
                                 const std::string& checkpoint_dir,
-                                const SaveProgress& progress = nullptr);
+                                const SaveProgress& progress = nullptr,
+                                const ProgressOptions& show_progress = {});
+
+// What a tool writes: the project's format, or Megatron-LM's legacy torch format
+// (megatron_writer.h); --save-format leantron|megatron.
+enum class SaveFormat { kLeantron, kMegatron };
+absl::StatusOr<SaveFormat> ParseSaveFormat(std::string_view name);
 
 }  // namespace leantron::ckpt

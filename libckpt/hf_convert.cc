@@ -10,9 +10,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "libckpt/checkpoint_reader.h"
+#include "libckpt/checkpoint_source.h"
 #include "libckpt/checkpoint_writer.h"
 #include "libckpt/hf_config.h"
 #include "libckpt/hf_mapping.h"
+#include "libckpt/megatron_writer.h"
 #include "libckpt/strings.h"
 #include "libfs/atomic_file.h"
 #include "simdjson.h"
@@ -206,7 +208,15 @@ absl::Status ImportHfCheckpoint(const std::string& hf_dir, const std::string& sa
   if (auto layout = ModelLayout::Create(metadata.config, metadata.parallel); !layout.ok()) {
     return layout.status();
   }
-  if (auto s = SaveCheckpointFrom(**source, metadata, save_dir); !s.ok()) return s;
+  if (options.save_format == SaveFormat::kMegatron) {
+    if (auto s = SaveMegatronCheckpoint(**source, metadata, save_dir, {false, options.progress});
+        !s.ok()) {
+      return s;
+    }
+  } else if (auto s = SaveCheckpointFrom(**source, metadata, save_dir, nullptr, options.progress);
+             !s.ok()) {
+    return s;
+  }
   if (options.copy_tokenizer_files) {
     return CopyTokenizerFiles(hf_dir, fs::path(save_dir) / "tokenizer");
   }
@@ -221,7 +231,8 @@ absl::Status ExportHfCheckpoint(const std::string& load_dir, const std::string& 
     return absl::FailedPreconditionError(
         Cat(hf_dir, ": not empty (--overwrite replaces the folder as a whole)"));
   }
-  auto reader = CheckpointReader::Open(load_dir, options.iteration, {.verify = options.verify});
+  auto reader = OpenCheckpoint(load_dir, options.iteration,
+                               {.verify = options.verify, .format = options.load_format});
   if (!reader.ok()) return reader.status();
   const CheckpointMetadata& metadata = (*reader)->metadata();
   auto architecture = HfArchitectureFor(metadata.config);
@@ -253,9 +264,21 @@ absl::Status ExportHfCheckpoint(const std::string& load_dir, const std::string& 
   }
   auto writer = HfShardedWriter::Create(out_dir, std::move(specs), options.max_shard_bytes);
   if (!writer.ok()) return writer.status();
+  int64_t total_bytes = 0;
+  for (const HfMapping& mapping : mappings) {
+    if (const ParamSpec* spec = layout->Find(mapping.megatron)) {
+      total_bytes +=
+          NumElements(spec->shape) * static_cast<int64_t>(DTypeSize(metadata.config.params_dtype));
+    }
+  }
+  ConversionProgress progress(options.progress, static_cast<int64_t>(mappings.size()), total_bytes);
   Tensor full;
   std::vector<Tensor> hf;
+  bool first = true;
   for (const HfMapping& mapping : mappings) {
+    // The previous mapping is done (the loop body leaves through `continue`).
+    if (!first) progress.Add(1, static_cast<int64_t>(full.data.size()));
+    first = false;
     const ParamSpec* spec = layout->Find(mapping.megatron);
     if (spec == nullptr) return absl::InternalError(Cat("layout has no '", mapping.megatron, "'"));
     if (auto s = (*reader)->ReadFull(*spec, TensorKind::kParam, &full); !s.ok()) return s;
@@ -273,7 +296,9 @@ absl::Status ExportHfCheckpoint(const std::string& load_dir, const std::string& 
       if (auto s = (*writer)->Write(mapping.hf[i].name, hf[i].bytes()); !s.ok()) return s;
     }
   }
+  if (!first) progress.Add(1, static_cast<int64_t>(full.data.size()));
   if (auto s = (*writer)->Finish(); !s.ok()) return s;
+  progress.Done();
   HfModelInfo info;
   info.config = metadata.config;
   info.config.hf_architecture = *architecture;

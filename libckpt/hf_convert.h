@@ -10,8 +10,11 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "libckpt/checkpoint_reader.h"
+#include "libckpt/checkpoint_writer.h"
 #include "libckpt/hf_files.h"
 #include "libckpt/layout.h"
+#include "libckpt/progress.h"
 
 namespace leantron::ckpt {
 
@@ -21,7 +24,9 @@ struct HfImportOptions {
   int64_t make_vocab_size_divisible_by = 128;
   // Copy tokenizer files (vocab.json, merges.txt, tokenizer.json, ...) into <save>/tokenizer/.
   bool copy_tokenizer_files = false;
-  bool overwrite = false;  // See CheckSaveDestination.
+  bool overwrite = false;                          // See CheckSaveDestination.
+  SaveFormat save_format = SaveFormat::kLeantron;  // megatron: Megatron-LM's torch format
+  ProgressOptions progress = {};
 };
 
 absl::Status ImportHfCheckpoint(const std::string& hf_dir, const std::string& save_dir,
@@ -37,6 +42,8 @@ struct HfExportOptions {
   // which replaces the folder as a whole.
   bool overwrite = false;
   bool verify = true;  // Verify the checkpoint's checksums (CheckpointReader::Options).
+  CheckpointFormat load_format = CheckpointFormat::kAuto;  // --load-format
+  ProgressOptions progress = {};
 };
 
 absl::Status ExportHfCheckpoint(const std::string& load_dir, const std::string& hf_dir,

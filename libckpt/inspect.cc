@@ -6,8 +6,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "libckpt/checkpoint_reader.h"
+#include "libckpt/checkpoint_source.h"
 #include "libckpt/hf_config.h"
 #include "libckpt/strings.h"
+#include "simdjson.h"
 
 namespace leantron::ckpt {
 namespace {
@@ -36,6 +38,47 @@ double L2Norm(const Tensor& tensor) {
     sum += v * v;
   }
   return std::sqrt(sum);
+}
+
+// A Megatron run saves hundreds of arguments; these say how it trained and how to resume it.
+std::string SelectedArgs(const std::string& args_json) {
+  static constexpr const char* kKeys[] = {"lr",
+                                          "min_lr",
+                                          "lr_decay_style",
+                                          "lr_warmup_iters",
+                                          "lr_decay_iters",
+                                          "weight_decay",
+                                          "adam_beta1",
+                                          "adam_beta2",
+                                          "adam_eps",
+                                          "clip_grad",
+                                          "train_iters",
+                                          "global_batch_size",
+                                          "micro_batch_size",
+                                          "seq_length",
+                                          "tokenizer_type",
+                                          "vocab_size",
+                                          "seed",
+                                          "use_distributed_optimizer",
+                                          "overlap_grad_reduce",
+                                          "ddp_bucket_size",
+                                          "data_parallel_size",
+                                          "world_size",
+                                          "bf16",
+                                          "fp16",
+                                          "transformer_impl",
+                                          "ckpt_format",
+                                          "consumed_train_samples"};
+  simdjson::dom::parser parser;
+  simdjson::dom::object args;
+  if (parser.parse(args_json).get(args) != simdjson::SUCCESS) return "{}";
+  std::string out = "{";
+  for (const char* key : kKeys) {
+    simdjson::dom::element value;
+    if (args[key].get(value) != simdjson::SUCCESS) continue;
+    CatAppend(&out, out.size() > 1 ? ", " : "", "\"", key, "\": ", simdjson::minify(value));
+  }
+  return out + "}";
 }
 
 // The architecture in the words a model card uses: which HF class it is, then norm, MLP,
@@ -83,13 +126,14 @@ std::string DescribeArchitecture(const ModelConfig& c) {
 
 absl::Status PrintCheckpointSummary(const std::string& checkpoint_dir,
                                     std::optional<int64_t> iteration, std::ostream& out,
-                                    bool verify) {
-  auto reader = CheckpointReader::Open(checkpoint_dir, iteration, {.verify = verify});
+                                    bool verify, CheckpointFormat format) {
+  auto reader = OpenCheckpoint(checkpoint_dir, iteration, {.verify = verify, .format = format});
   if (!reader.ok()) return reader.status();
   const CheckpointMetadata& m = (*reader)->metadata();
   const ModelLayout& layout = (*reader)->layout();
   const ModelConfig& c = m.config;
   out << "checkpoint: " << (*reader)->iteration_dir() << "\n";
+  out << "format: " << (*reader)->format_name() << "\n";
   out << "iteration: " << m.iteration << "   consumed samples: " << m.consumed_samples << "\n";
   out << absl::StrFormat(
       "model: %d layers, hidden %d, ffn %d, %d heads / %d query groups (head dim %d), vocab %d "
@@ -122,20 +166,13 @@ absl::Status PrintCheckpointSummary(const std::string& checkpoint_dir,
   } else {
     out << "optimizer: none\n";
   }
-  out << "args: " << m.args_json << "\n";
-  out << "files:\n";
-  for (int pp = 0; pp < m.parallel.pp; ++pp) {
-    for (int tp = 0; tp < m.parallel.tp; ++tp) {
-      for (bool optimizer : {false, true}) {
-        if (optimizer && !m.has_optimizer) continue;
-        const SafetensorsFile& file = (*reader)->shard_file(tp, pp, optimizer);
-        std::filesystem::path path(file.path());
-        out << absl::StrFormat("  %-40s %12d bytes %5d tensors\n",
-                               (path.parent_path().filename() / path.filename()).string(),
-                               std::filesystem::file_size(path), file.tensors().size());
-      }
-    }
+  if ((*reader)->format_name() == "leantron") {
+    out << "args: " << m.args_json << "\n";
+  } else {
+    out << "args (those that shape the run): " << SelectedArgs(m.args_json) << "\n";
   }
+  out << "files:\n";
+  (*reader)->DescribeFiles(out);
   out << "parameters (full shapes, merged over TP):\n";
   Tensor full;
   for (const ParamSpec& spec : layout.params()) {

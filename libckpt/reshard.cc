@@ -2,8 +2,9 @@
 
 #include <filesystem>
 
-#include "libckpt/checkpoint_reader.h"
+#include "libckpt/checkpoint_source.h"
 #include "libckpt/checkpoint_writer.h"
+#include "libckpt/megatron_writer.h"
 #include "libckpt/strings.h"
 
 namespace leantron::ckpt {
@@ -11,7 +12,7 @@ namespace leantron::ckpt {
 absl::StatusOr<RankState> LoadRankState(const std::string& checkpoint_dir,
                                         std::optional<int64_t> iteration,
                                         const ParallelConfig& target, int tp_rank, int pp_rank) {
-  auto reader = CheckpointReader::Open(checkpoint_dir, iteration);
+  auto reader = OpenCheckpoint(checkpoint_dir, iteration);
   if (!reader.ok()) return reader.status();
   auto layout = ModelLayout::Create((*reader)->metadata().config, target);
   if (!layout.ok()) return layout.status();
@@ -49,7 +50,8 @@ absl::Status ReshardCheckpoint(const std::string& load_dir, const std::string& s
   if (std::filesystem::equivalent(load_dir, save_dir, error)) {
     return absl::InvalidArgumentError("--save must differ from --load");
   }
-  auto reader = CheckpointReader::Open(load_dir, options.iteration, {.verify = options.verify});
+  auto reader = OpenCheckpoint(load_dir, options.iteration,
+                               {.verify = options.verify, .format = options.load_format});
   if (!reader.ok()) return reader.status();
   CheckpointMetadata metadata = (*reader)->metadata();
   metadata.parallel = options.target;
@@ -60,7 +62,27 @@ absl::Status ReshardCheckpoint(const std::string& load_dir, const std::string& s
   if (auto layout = ModelLayout::Create(metadata.config, metadata.parallel); !layout.ok()) {
     return layout.status();
   }
-  return SaveCheckpointFrom(**reader, metadata, save_dir);
+  const bool existed = std::filesystem::exists(save_dir, error);
+  absl::Status status;
+  if (options.save_format == SaveFormat::kMegatron) {
+    MegatronSaveOptions save;
+    save.distributed_optimizer =
+        options.distributed_optimizer.value_or(UsesDistributedOptimizer(metadata.args_json));
+    save.progress = options.progress;
+    status = SaveMegatronCheckpoint(**reader, metadata, save_dir, save);
+  } else {
+    status = SaveCheckpointFrom(**reader, metadata, save_dir, nullptr, options.progress);
+  }
+  if (!status.ok()) {
+    // A source found broken halfway (a record failing its CRC) leaves nothing behind: not the
+    // half-written iteration, nor the directory this call created.
+    std::filesystem::remove_all(
+        std::filesystem::path(save_dir) / (IterationDirName(metadata.iteration) + ".tmp"), error);
+    if (!existed && std::filesystem::is_empty(save_dir, error)) {
+      std::filesystem::remove(save_dir, error);
+    }
+  }
+  return status;
 }
 
 }  // namespace leantron::ckpt

@@ -10,7 +10,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "libckpt/checkpoint_metadata.h"
+#include "libckpt/checkpoint_reader.h"
+#include "libckpt/checkpoint_writer.h"
 #include "libckpt/layout.h"
+#include "libckpt/progress.h"
 #include "libckpt/tensor.h"
 
 namespace leantron::ckpt {
@@ -28,7 +31,8 @@ struct RankState {
   std::vector<NamedTensor> main_params, exp_avg, exp_avg_sq;
 };
 
-// Loads the checkpoint saved under any layout into rank (tp_rank, pp_rank) of `target`.
+// Loads the checkpoint saved under any layout (and in any format OpenCheckpoint reads) into rank
+// (tp_rank, pp_rank) of `target`.
 absl::StatusOr<RankState> LoadRankState(const std::string& checkpoint_dir,
                                         std::optional<int64_t> iteration,
                                         const ParallelConfig& target, int tp_rank, int pp_rank);
@@ -38,9 +42,16 @@ struct ReshardOptions {
   ParallelConfig target;
   bool overwrite = false;  // See CheckSaveDestination.
   bool verify = true;      // Verify the source's checksums (CheckpointReader::Options).
+  CheckpointFormat load_format = CheckpointFormat::kAuto;  // --load-format
+  SaveFormat save_format = SaveFormat::kLeantron;          // --save-format
+  // Megatron output: write the distributed optimizer's files (default: as the source's run did,
+  // its args' use_distributed_optimizer).
+  std::optional<bool> distributed_optimizer = std::nullopt;
+  ProgressOptions progress = {};
 };
 
-// Rewrites a checkpoint in another layout, optimizer state included, streaming one parameter at a
+// Rewrites a checkpoint in another layout (and, with save_format kMegatron, as Megatron-LM's torch
+// format), optimizer state included, streaming one parameter at a
 // time. The saved iteration becomes the target directory's latest. A destination that holds data
 // is refused unless options.overwrite (CheckSaveDestination).
 absl::Status ReshardCheckpoint(const std::string& load_dir, const std::string& save_dir,

@@ -8,9 +8,13 @@
 #          beside Megatron's figures ($OUT/tutorial.md, each row's log in $OUT/tutorial_logs)
 # and leaves logs in $OUT (the device tool's output folder) or /tmp/leantron-out.
 #   here:   bash scripts/device_bundle.sh
-#   device: bash scripts/device_check.sh [tests|pytest|multi|parallel|bench|compare|tutorial|all] [args...]
+#   device: bash scripts/device_check.sh [tests|pytest|multi|parallel|bench|compare|tutorial|
+#           megatron-fixtures|megatron-resume|all] [args...]
 #   compare: bench/gpu/compare_builds.py between this bundle and .bundle/base.tar.gz (another build
 #   packed by scripts/device_bundle.sh --name base), loss curves bit for bit and step times
+#   megatron-fixtures [--gpus N] [--only NAMES]: testdata/megatron/make_fixtures.sh (real Megatron-LM
+#   from .cache/megatron-lm, made here by testdata/megatron/prepare_megatron.sh)
+#   megatron-resume: testdata/megatron/resume_check.sh (Megatron resumes from our checkpoints)
 set -uo pipefail
 what="${1:-all}"
 shift || true
@@ -65,6 +69,14 @@ if [[ "$what" == compare ]]; then
   mkdir -p /tmp/base && tar -xzf .bundle/base.tar.gz -C /tmp/base || exit 1
   echo "== bench/gpu/compare_builds.py $*"
   python3 bench/gpu/compare_builds.py --base /tmp/base/bin --new /tmp/lt/bin "$@" || status=1
+fi
+if [[ "$what" == megatron-fixtures ]]; then
+  echo "== testdata/megatron/make_fixtures.sh $*"
+  bash testdata/megatron/make_fixtures.sh "$@" || status=1
+fi
+if [[ "$what" == megatron-resume ]]; then
+  echo "== testdata/megatron/resume_check.sh"
+  bash testdata/megatron/resume_check.sh || status=1
 fi
 if [[ "$what" == bench || "$what" == all ]]; then
   echo "== bench/gpu/bench_train.py $*"

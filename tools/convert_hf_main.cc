@@ -3,13 +3,16 @@
 //   convert_hf --from-hf HF_DIR --save DIR [--target-tp N --target-pp M --target-vpp V]
 //              [--target-decoder-first-pipeline-num-layers F]
 //              [--target-decoder-last-pipeline-num-layers L]
+//              [--save-format leantron|megatron]
 //   convert_hf --to-hf --load DIR --save HF_DIR [--iteration K] [--max-shard-size BYTES]
+//              [--load-format auto|leantron|megatron]
 //   [--overwrite] [--no-verify-checkpoint]
 #include <cstdint>
 #include <iostream>
 #include <optional>
 
 #include "CLI/CLI.hpp"
+#include "libckpt/checkpoint_source.h"
 #include "libckpt/hf_convert.h"
 
 int main(int argc, char** argv) {
@@ -49,6 +52,18 @@ int main(int argc, char** argv) {
   app.add_flag("--overwrite", overwrite,
                "Write into a --save that already holds data: import replaces the iteration and "
                "moves the tracker to it, export replaces the folder as a whole");
+  std::string load_format = "auto";
+  app.add_option("--load-format", load_format,
+                 "Format of --load (with --to-hf): auto (detected), leantron, or megatron "
+                 "(Megatron-LM's torch or "
+                 "torch_dist checkpoints)")
+      ->check(CLI::IsMember({"auto", "leantron", "megatron"}));
+  std::string save_format = "leantron";
+  app.add_option(
+         "--save-format", save_format,
+         "Import: write the checkpoint as leantron or megatron (Megatron-LM's --ckpt-format "
+         "torch)")
+      ->check(CLI::IsMember({"leantron", "megatron"}));
   app.add_flag("--no-verify-checkpoint", no_verify,
                "Export: skip the content checks of --load (checksums, NaN, replicated copies)");
   CLI11_PARSE(app, argc, argv);
@@ -62,6 +77,8 @@ int main(int argc, char** argv) {
     export_options.iteration = iteration;
     export_options.overwrite = overwrite;
     export_options.verify = !no_verify;
+    export_options.load_format = *leantron::ckpt::ParseCheckpointFormat(load_format);
+    export_options.progress = {true, "convert_hf"};
     export_options.copy_tokenizer_files = copy_tokenizer;
     export_options.tokenizer_dir = tokenizer_dir;
     status = leantron::ckpt::ExportHfCheckpoint(load, save, export_options);
@@ -69,6 +86,8 @@ int main(int argc, char** argv) {
     if (iteration) import_options.iteration = *iteration;
     import_options.overwrite = overwrite;
     import_options.copy_tokenizer_files = copy_tokenizer;
+    import_options.save_format = *leantron::ckpt::ParseSaveFormat(save_format);
+    import_options.progress = {true, "convert_hf"};
     status = leantron::ckpt::ImportHfCheckpoint(from_hf, save, import_options);
   } else {
     std::cerr << "convert_hf: give --from-hf HF_DIR or --to-hf --load DIR\n";

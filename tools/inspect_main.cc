@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "libckpt/checkpoint_source.h"
 #include "libckpt/inspect.h"
 #include "libdata/dataset_inspect.h"
 #include "libdata/tokenizer_flags.h"
@@ -69,6 +70,11 @@ int main(int argc, char** argv) {
   checkpoint_cmd->add_option("dir", checkpoint_dir, "Checkpoint directory")->required();
   checkpoint_cmd->add_option("--iteration", checkpoint_iteration, "Iteration (default: latest)")
       ->check(CLI::NonNegativeNumber);
+  std::string load_format = "auto";
+  checkpoint_cmd
+      ->add_option("--load-format", load_format,
+                   "auto (detected), leantron, or megatron (Megatron-LM's torch / torch_dist)")
+      ->check(CLI::IsMember({"auto", "leantron", "megatron"}));
   checkpoint_cmd->add_flag("--no-verify-checkpoint", no_verify,
                            "Skip the content checks (checksums, NaN, replicated copies)");
 
@@ -76,7 +82,8 @@ int main(int argc, char** argv) {
 
   if (checkpoint_cmd->parsed()) {
     if (absl::Status s = leantron::ckpt::PrintCheckpointSummary(
-            checkpoint_dir, checkpoint_iteration, std::cout, !no_verify);
+            checkpoint_dir, checkpoint_iteration, std::cout, !no_verify,
+            *leantron::ckpt::ParseCheckpointFormat(load_format));
         !s.ok())
       return Fail(s);
     return 0;

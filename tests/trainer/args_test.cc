@@ -107,7 +107,10 @@ TEST(ArgsTest, UnevenPipelineSplitIsCheckedLikeMegatronCore) {
   CLI::App app;
   TrainArgs args;
   AddTrainFlags(app, &args);
-  app.parse("--pipeline-model-parallel-size 3 --decoder-first-pipeline-num-layers 2", false);
+  app.parse(
+      "--pipeline-model-parallel-size 3 --decoder-first-pipeline-num-layers 2 --adam-beta2 0.95 "
+      "--adam-eps 1e-5",
+      false);
   const ckpt::ParallelConfig p = ParallelConfigFromArgs(args);
   EXPECT_EQ(p.pp, 3);
   EXPECT_EQ(p.first_stage_layers, 2);
@@ -115,6 +118,10 @@ TEST(ArgsTest, UnevenPipelineSplitIsCheckedLikeMegatronCore) {
   const std::string json = TrainArgsToJson(args);
   EXPECT_NE(json.find("\"decoder_first_pipeline_num_layers\": 2"), std::string::npos) << json;
   EXPECT_NE(json.find("\"decoder_last_pipeline_num_layers\": null"), std::string::npos) << json;
+  // Adam's hyperparameters travel into Megatron checkpoints' param groups (--save-format megatron).
+  EXPECT_NE(json.find("\"adam_beta1\": 0.90000000000000002"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"adam_beta2\": 0.94999999999999996"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"adam_eps\": 1.0000000000000001e-05"), std::string::npos) << json;
 }
 
 // Megatron's --use-rope-scaling / --rope-scaling-factor: Llama 3.1's scaling with the factor

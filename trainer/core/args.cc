@@ -436,6 +436,7 @@ std::string TrainArgsToJson(const TrainArgs& a) {
       "{\"micro_batch_size\": %d, \"global_batch_size\": %d, \"seq_length\": %d, "
       "\"train_iters\": %d, \"lr\": %.17g, \"min_lr\": %.17g, \"lr_decay_style\": \"%s\", "
       "\"lr_warmup_iters\": %d, \"lr_decay_iters\": %d, \"weight_decay\": %.17g, "
+      "\"adam_beta1\": %.17g, \"adam_beta2\": %.17g, \"adam_eps\": %.17g, "
       "\"clip_grad\": %.17g, \"seed\": %d, \"hidden_dropout\": %.17g, "
       "\"attention_dropout\": %.17g, \"tensor_model_parallel_size\": %d, "
       "\"pipeline_model_parallel_size\": %d, \"data_parallel_size\": %d, "
@@ -443,9 +444,9 @@ std::string TrainArgsToJson(const TrainArgs& a) {
       "\"virtual_pipeline_model_parallel_size\": %d, \"decoder_first_pipeline_num_layers\": %s, "
       "\"decoder_last_pipeline_num_layers\": %s}",
       a.micro_batch_size, a.global_batch_size, a.seq_length, a.train_iters, a.lr, a.min_lr,
-      a.lr_decay_style, a.lr_warmup_iters, a.lr_decay_iters, a.weight_decay, a.clip_grad, a.seed,
-      a.hidden_dropout, a.attention_dropout, a.tensor_model_parallel_size,
-      a.pipeline_model_parallel_size, a.data_parallel_size(),
+      a.lr_decay_style, a.lr_warmup_iters, a.lr_decay_iters, a.weight_decay, a.adam_beta1,
+      a.adam_beta2, a.adam_eps, a.clip_grad, a.seed, a.hidden_dropout, a.attention_dropout,
+      a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.data_parallel_size(),
       a.sequence_parallel ? "true" : "false", a.use_distributed_optimizer ? "true" : "false",
       a.tokenizer_type, a.virtual_pipeline_size(), count(a.decoder_first_pipeline_num_layers),
       count(a.decoder_last_pipeline_num_layers));

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "libckpt/checkpoint_reader.h"
+#include "libckpt/checkpoint_source.h"
 #include "libckpt/checkpoint_writer.h"
 
 namespace leantron::trainer {
@@ -105,8 +106,6 @@ absl::Status CheckSameModel(const ckpt::ModelConfig& saved, const ckpt::ModelCon
                       fixed.original_max_position_embeddings, " as Megatron's does");
     return absl::InvalidArgumentError(message);
   }
-  if (saved.params_dtype != ckpt::DType::kF32)
-    return absl::InvalidArgumentError("only float32 checkpoints can be loaded by the cpu trainer");
   return absl::OkStatus();
 }
 
@@ -164,12 +163,13 @@ absl::Status LoadTrainingCheckpoint(const TrainArgs& args, const ckpt::ModelLayo
                                     ProcessGroups& groups, ParamStore& params, Optimizer& optimizer,
                                     TrainPosition* position) {
   absl::Status st;
-  std::unique_ptr<ckpt::CheckpointReader> reader;
+  std::unique_ptr<ckpt::CheckpointSource> reader;
   {
-    // One rank checks the contents (a read of every file); the others only the structure.
+    // One rank checks the contents (a read of every file); the others only the structure. Any
+    // format OpenCheckpoint reads: the project's own, or Megatron-LM's torch / torch_dist.
     const bool verify = !args.no_verify_checkpoint && groups.world_rank == 0;
-    absl::StatusOr<std::unique_ptr<ckpt::CheckpointReader>> r =
-        ckpt::CheckpointReader::Open(args.load, std::nullopt, {.verify = verify});
+    absl::StatusOr<std::unique_ptr<ckpt::CheckpointSource>> r =
+        ckpt::OpenCheckpoint(args.load, std::nullopt, {.verify = verify});
     if (r.ok()) {
       reader = std::move(*r);
       st = CheckSameModel(reader->metadata().config, layout.config());
@@ -189,6 +189,18 @@ absl::Status LoadTrainingCheckpoint(const TrainArgs& args, const ckpt::ModelLayo
   ckpt::Tensor full;
   auto read_into = [&](const ParamView& v, ckpt::TensorKind kind, float* dst) -> absl::Status {
     if (absl::Status s = reader->ReadFull(*v.spec, kind, &full); !s.ok()) return s;
+    // bf16 / fp16 weights (Megatron's, when the fp32 main weights are not loaded) widen exactly.
+    if (full.dtype == ckpt::DType::kBF16 || full.dtype == ckpt::DType::kF16) {
+      std::vector<std::byte> wide(full.data.size() * 2);
+      const auto* in = reinterpret_cast<const uint16_t*>(full.data.data());
+      auto* out = reinterpret_cast<float*>(wide.data());
+      for (size_t i = 0; i < full.data.size() / 2; ++i) {
+        out[i] = full.dtype == ckpt::DType::kBF16 ? ckpt::BFloat16ToFloat(in[i])
+                                                  : ckpt::HalfToFloat(in[i]);
+      }
+      full.data = std::move(wide);
+      full.dtype = ckpt::DType::kF32;
+    }
     if (full.dtype != ckpt::DType::kF32)
       return absl::InvalidArgumentError(absl::StrCat(v.name, ": not float32"));
     layout.ExtractShard(*v.spec, tp_rank, sizeof(float), full.bytes(),

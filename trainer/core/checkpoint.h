@@ -1,8 +1,9 @@
 // --save / --load through libckpt: every (tp, pp) rank of data-parallel rank 0 writes its shard
 // (parameters, fp32 main weights, Adam moments) and world rank 0 commits the iteration atomically;
-// loading pulls full tensors of any saved TP/PP layout and keeps this rank's shard. The training
-// position is the iteration and consumed samples; learning rate and dropout masks are functions of
-// those, so nothing else is needed for an exact resume.
+// loading pulls full tensors of any saved TP/PP layout and keeps this rank's shard, from the
+// project's checkpoints or Megatron-LM's (torch, torch_dist: libckpt/checkpoint_source.h). The
+// training position is the iteration and consumed samples; learning rate and dropout masks are
+// functions of those, so nothing else is needed for an exact resume.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,36 @@
+// A read-only memory mapping of a whole file, shared by the readers of PyTorch archives: tensors
+// are views into it, and pages a reader has consumed are dropped from the resident set so that
+// streaming through a large checkpoint keeps memory bounded by the tensors in flight.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace leantron::ckpt {
+
+class MappedFile {
+ public:
+  static absl::StatusOr<std::shared_ptr<const MappedFile>> Open(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  std::span<const std::byte> bytes() const { return {map_, size_}; }
+  // Drops the pages behind `view` (a span of this mapping), rounded out to the kernel's 64 KiB
+  // fault-around window. Never loses data: the mapping is private and read-only, and a page
+  // dropped under another live view is faulted in again when read.
+  void Release(std::span<const std::byte> view) const;
+
+ private:
+  MappedFile() = default;
+  std::string path_;
+  const std::byte* map_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace leantron::ckpt
