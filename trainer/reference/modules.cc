@@ -82,7 +82,7 @@ std::unique_ptr<CoreAttention> MakeLocalAttention(const Context& ctx, const Laye
 void AttentionBlock::Rope(float* qkv, bool inverse) const {
   if (!spec_.rope) return;
   ctx_.ops->Rope(qkv, ctx_.micro_batch, ctx_.seq_length, shard_.heads, shard_.groups,
-                 shard_.head_dim, inv_freq_, inverse);
+                 shard_.head_dim, inv_freq_, inverse, nullptr, 0);
 }
 
 void AttentionBlock::Forward(float* y, const float* x, const Saved& s,
