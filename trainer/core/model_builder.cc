@@ -50,7 +50,8 @@ absl::Status BuildBf16Chunks(const TrainArgs& args, ProcessGroups& g,
     if (!model.ok()) return model.status();
     m->models.push_back(std::move(*model));
   }
-  NcclCommunicator* dp = AsNccl(g.dp.get());
+  // Gradients are summed over the data-parallel group with context parallel (as Megatron's).
+  NcclCommunicator* dp = AsNccl(&g.data_parallel_with_cp());
   if (dp == nullptr || dp->size() <= 1) return absl::OkStatus();
   cuda::GradReducer::Options ro;
   ro.overlap_grad_reduce = args.overlap_grad_reduce;

@@ -140,7 +140,7 @@ absl::Status Trainer::Setup(TrainPosition* pos) {
   // Host-side timing of Gloo calls; NCCL calls only enqueue work, so the cuda backend measures
   // its communication on the GPU instead.
   for (std::unique_ptr<Communicator>* c :
-       {&g_.world, &g_.tp, &g_.cp, &g_.dp, &g_.pp, &g_.model, &g_.embedding}) {
+       {&g_.world, &g_.tp, &g_.cp, &g_.dp, &g_.pp, &g_.model, &g_.dp_cp, &g_.embedding}) {
     if (*c && args_.backend != "cuda") {
       *c = MakeTimedCommunicator(std::move(*c), &times_.comm_seconds);
     }
