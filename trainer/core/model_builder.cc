@@ -106,8 +106,8 @@ absl::StatusOr<TrainingModel> BuildTrainingModel(const TrainArgs& args, ProcessG
   } else {
     const ModelOptions mo = ModelOptionsFromArgs(args);
     for (int v = 0; v < vpp; ++v) {
-      m.models.push_back(std::make_unique<ReferenceModel>(m.ops.get(), *m.layout, g.tp.get(),
-                                                          m.params.get(), g.coords.pp, v, mo));
+      m.models.push_back(std::make_unique<ReferenceModel>(
+          m.ops.get(), *m.layout, g.tp.get(), g.cp.get(), m.params.get(), g.coords.pp, v, mo));
     }
   }
   for (const std::unique_ptr<StageModel>& model : m.models) m.chunks.push_back(model.get());
