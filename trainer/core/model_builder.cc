@@ -26,6 +26,7 @@ ModelOptions ModelOptionsFromArgs(const TrainArgs& args) {
                               : static_cast<int>(args.recompute_num_layers);
   }
   mo.recompute_attention = args.recompute_granularity == "selective";
+  mo.cp_comm_type = ParseCpCommType(args.cp_comm_type).value_or(CpCommType::kP2P);
   return mo;
 }
 
