@@ -2,8 +2,8 @@
 DP2 (plain, overlapped gradient reduce, distributed optimizer with and without overlap; by copy
 engine and by NCCL; gradients reduced in fp32 and in bf16), TP2, TP2+SP and PP2 (1F1B and
 interleaved) against one GPU within bf16 tolerance over 50 steps; the float32 model over NCCL
-(TP2+SP, interleaved PP2, CP2 with each --cp-comm-type) against one GPU; resuming a checkpoint under another layout; and a
-killed rank stopping the other instead of hanging."""
+(TP2+SP, interleaved PP2, CP2 with each --cp-comm-type) against one GPU; resuming a checkpoint
+under another layout; and a killed rank stopping the other instead of hanging."""
 import os
 import signal
 import subprocess

@@ -16,7 +16,8 @@ from train_testlib import TINY, licence_dataset, parse_log, run_train
 ITERS = 20
 LLAMA = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
          "--group-query-attention", "--num-query-groups", "2",
-         "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--ffn-hidden-size", "48"]
+         "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+         "--ffn-hidden-size", "48"]
 COMPANIONS = ["--reset-position-ids", "--reset-attention-mask", "--eod-mask-loss"]
 TP2_SP = ["--tensor-model-parallel-size", "2", "--sequence-parallel"]
 PP2 = ["--pipeline-model-parallel-size", "2"]
