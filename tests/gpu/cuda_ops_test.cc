@@ -229,10 +229,20 @@ TEST_F(CudaOpsTest, Rope) {
           RopeInverseFrequencies(10000.0, c.dim, c.dim == 64 ? llama3 : ckpt::RopeScaling{});
       auto qkv = Rand(c.batch * c.seq * (c.heads + 2 * c.groups) * c.dim, 50);
       float* d = Up(qkv);
-      gpu_->Rope(d, c.batch, c.seq, c.heads, c.groups, c.dim, f, inverse);
-      cpu_->Rope(qkv.data(), c.batch, c.seq, c.heads, c.groups, c.dim, f, inverse);
+      gpu_->Rope(d, c.batch, c.seq, c.heads, c.groups, c.dim, f, inverse, nullptr, 0);
+      cpu_->Rope(qkv.data(), c.batch, c.seq, c.heads, c.groups, c.dim, f, inverse, nullptr, 0);
       EXPECT_TRUE(Close(Down(d, qkv.size()), qkv, 1e-5))
           << "groups " << c.groups << " inverse " << inverse;
+      // Rows at given positions (a CP rank's chunks, documents restarting): below 3·seq.
+      std::vector<int32_t> pos(c.batch * c.seq);
+      for (size_t r = 0; r < pos.size(); ++r)
+        pos[r] = static_cast<int32_t>((r * 7 + 3) % (3 * c.seq));
+      float* dp = Up(qkv);
+      gpu_->Rope(dp, c.batch, c.seq, c.heads, c.groups, c.dim, f, inverse, Up(pos), 3 * c.seq);
+      cpu_->Rope(qkv.data(), c.batch, c.seq, c.heads, c.groups, c.dim, f, inverse, pos.data(),
+                 3 * c.seq);
+      EXPECT_TRUE(Close(Down(dp, qkv.size()), qkv, 1e-5))
+          << "positions, groups " << c.groups << " inverse " << inverse;
     }
   }
 }
@@ -293,6 +303,70 @@ TEST_F(CudaOpsTest, Attention) {
   }
 }
 
+// Context parallelism's and document masks' attention: a CP rank's queries against two K/V
+// blocks merged by log-sum-exp, then both blocks' gradients; the float32 kernels against CpuOps.
+TEST_F(CudaOpsTest, BlockAttention) {
+  struct Case {
+    int64_t batch, seq, heads, groups, dim;
+    float p;
+    bool documents;
+  };
+  for (const Case& c : {Case{2, 16, 4, 2, 16, 0.0f, false}, Case{2, 24, 4, 4, 8, 0.1f, true},
+                        Case{1, 64, 6, 1, 24, 0.2f, true}}) {
+    SCOPED_TRACE(testing::Message()
+                 << "groups " << c.groups << " p " << c.p << " docs " << c.documents);
+    AttentionDropout drop{c.p, 0x1234567, 5, 2, c.heads + 2};
+    const int cp = 2;
+    std::vector<std::vector<int32_t>> pos(cp);
+    for (int r = 0; r < cp; ++r)
+      for (int64_t t = 0; t < c.seq / cp; ++t)
+        pos[r].push_back(static_cast<int32_t>(ChunkTokenPosition(t, c.seq, r, cp)));
+    std::vector<int32_t> docs(c.batch * c.seq);
+    for (size_t i = 0; i < docs.size(); ++i) docs[i] = static_cast<int32_t>((i % c.seq) / 5);
+    const int64_t tl = c.seq / cp, row = (c.heads + 2 * c.groups) * c.dim;
+    const int64_t kv_row = 2 * c.groups * c.dim, out_row = c.heads * c.dim;
+    const auto qkv = Rand(c.batch * tl * row, 72), dout = Rand(c.batch * tl * out_row, 73);
+    const std::vector<std::vector<float>> kv = {Rand(c.batch * tl * kv_row, 74),
+                                                Rand(c.batch * tl * kv_row, 75)};
+    int32_t* d_docs = Up(docs);
+    auto args = [&](const int32_t* qp, const int32_t* kp, const int32_t* dd) {
+      return BlockAttentionArgs{c.batch, tl,    tl, c.heads, c.groups,
+                                c.dim,   c.seq, qp, kp,      c.documents ? dd : nullptr};
+    };
+    std::vector<float> out(c.batch * tl * out_row), lse(c.batch * c.heads * tl);
+    float* d_out = Poisoned(out.size());
+    float* d_lse = Poisoned(lse.size());
+    float* d_qkv = Up(qkv);
+    for (int step = 0; step < cp; ++step) {
+      const int src = (1 - step + cp) % cp;  // rank 1's order: its own block, then rank 0's
+      gpu_->BlockAttentionForward(d_out, d_lse, d_qkv, Up(kv[src]),
+                                  args(Up(pos[1]), Up(pos[src]), d_docs), drop, step > 0);
+      cpu_->BlockAttentionForward(out.data(), lse.data(), qkv.data(), kv[src].data(),
+                                  args(pos[1].data(), pos[src].data(), docs.data()), drop,
+                                  step > 0);
+    }
+    EXPECT_TRUE(Close(Down(d_out, out.size()), out, 1e-5)) << "out";
+    EXPECT_TRUE(Close(Down(d_lse, lse.size()), lse, 1e-5)) << "lse";
+    for (int src = 0; src < cp; ++src) {
+      std::vector<float> dqkv(qkv.size(), 0.5f), dkv(kv[src].size(), -0.25f);
+      float* d_dqkv = Up(dqkv);
+      float* d_dkv = Up(dkv);
+      gpu_->BlockAttentionBackward(d_dqkv, d_dkv, Up(dout), Up(out), Up(lse), d_qkv, Up(kv[src]),
+                                   args(Up(pos[1]), Up(pos[src]), d_docs), drop);
+      cpu_->BlockAttentionBackward(dqkv.data(), dkv.data(), dout.data(), out.data(), lse.data(),
+                                   qkv.data(), kv[src].data(),
+                                   args(pos[1].data(), pos[src].data(), docs.data()), drop);
+      EXPECT_TRUE(Close(Down(d_dqkv, dqkv.size()), dqkv, 1e-5)) << "dqkv += block " << src;
+      EXPECT_TRUE(Close(Down(d_dkv, dkv.size()), dkv, 1e-5)) << "dkv += block " << src;
+    }
+  }
+  std::vector<float> src = Rand(6 * 10, 76), dst(5 * 9, 1.0f), want = dst;
+  float* d_dst = Up(dst);
+  gpu_->Copy2D(d_dst + 2, 9, Up(src) + 1, 10, 5, 4);
+  cpu_->Copy2D(want.data() + 2, 9, src.data() + 1, 10, 5, 4);
+  EXPECT_TRUE(Close(Down(d_dst, dst.size()), want, 0, 0)) << "Copy2D";
+}
+
 TEST_F(CudaOpsTest, DropoutMaskIsCpuOps) {
   for (auto [rows, cols] : {std::pair<int64_t, int64_t>{37, 129}, {64, 1280}}) {
     for (float p : {0.0f, 0.1f, 0.5f}) {
@@ -302,6 +376,13 @@ TEST_F(CudaOpsTest, DropoutMaskIsCpuOps) {
       cpu_->Dropout(x.data(), rows, cols, TestDropout(p));
       // One multiplication per element: bitwise equal.
       EXPECT_TRUE(Close(Down(d, x.size()), x, 0, 0)) << rows << "x" << cols << " p " << p;
+      // Rows of CP rank 1 of 2 (positions in the whole sample).
+      HiddenDropout cp = TestDropout(p);
+      cp.cp_rank = 1;
+      cp.cp_size = 2;
+      gpu_->Dropout(d, rows, cols, cp);
+      cpu_->Dropout(x.data(), rows, cols, cp);
+      EXPECT_TRUE(Close(Down(d, x.size()), x, 0, 0)) << "CP " << rows << "x" << cols;
     }
   }
 }

@@ -107,7 +107,12 @@ class ModulesTest : public GpuTest {
     ref_ctx_.tp = self_.get();
     ref_ctx_.micro_batch = kBatch;
     ref_ctx_.seq_length = kSeq;
+    ref_ctx_.chunks = SequenceChunks{kSeq, 0, 1};
+    ref_ctx_.cp = self_.get();
     ref_ctx_.rows_full = ref_ctx_.rows_local = kRows;
+    ref_positions_.resize(kRows);
+    for (int64_t r = 0; r < kRows; ++r) ref_positions_[r] = static_cast<int32_t>(r % kSeq);
+    ref_ctx_.chunk_positions = ref_positions_.data();
     for (float** p : {&ref_ws_.tmp_full, &ref_ws_.dfull, &ref_ws_.dfull2}) *p = Host(kRows * h_);
     ref_ws_.dqkv = Host(kRows * shard_.qkv_width);
     ref_ws_.dattn = Host(kRows * shard_.attn_width);
@@ -198,6 +203,7 @@ class ModulesTest : public GpuTest {
   std::unique_ptr<Communicator> self_ = MakeSelfCommunicator();
   reference::Context ref_ctx_;
   reference::Workspace ref_ws_;
+  std::vector<int32_t> ref_positions_;  // every row's position in its sample
   LayerTensors<float> ref_w_;
   std::vector<std::vector<float>> host_;
   // The bf16 side.
@@ -251,13 +257,14 @@ TEST_P(BlockTest, AttentionBlock) {
   if (HasFatalFailure()) return;
   const auto x = RoundT<bf16>(Rand(kRows * h_, 3));
   const auto dy = RoundT<bf16>(Rand(kRows * h_, 4, 0.5f));
-  std::unique_ptr<reference::CoreAttention> core = reference::MakeLocalAttention(ref_ctx_, shard_);
+  std::unique_ptr<reference::CoreAttention> core =
+      reference::MakeLocalAttention(ref_ctx_, ref_ws_, shard_);
   reference::AttentionBlock ref(ref_ctx_, ref_ws_, spec_.layers[0], shard_, core.get(), ref_w_);
   reference::AttentionBlock::Saved rs{const_cast<float*>(x.data()), Host(kRows * shard_.qkv_width),
                                       Host(kBatch * shard_.heads * kSeq * kSeq),
                                       Host(kRows * shard_.attn_width)};
   std::vector<float> y(kRows * h_), dx(kRows * h_);
-  const AttentionDropout none{};
+  const reference::AttentionInputs none{{}, ref_positions_.data(), nullptr};
   ref.Forward(y.data(), x.data(), rs, none);
   ref.Backward(dx.data(), dy.data(), rs, none);
 
@@ -292,7 +299,8 @@ TEST_P(BlockTest, TransformerLayer) {
   const auto dy = RoundT<bf16>(Rand(kRows * h_, 6, 0.5f));
   // The reference layer, written out from its modules as ReferenceModel composes them.
   const LayerSpec& ls = spec_.layers[0];
-  std::unique_ptr<reference::CoreAttention> core = reference::MakeLocalAttention(ref_ctx_, shard_);
+  std::unique_ptr<reference::CoreAttention> core =
+      reference::MakeLocalAttention(ref_ctx_, ref_ws_, shard_);
   reference::Norm norm1(ref_ctx_, ls.input_norm, h_, ref_w_.ln1_w, ref_w_.ln1_b, ref_w_.d_ln1_w,
                         ref_w_.d_ln1_b);
   reference::Norm norm2(ref_ctx_, ls.pre_mlp_norm, h_, ref_w_.ln2_w, ref_w_.ln2_b, ref_w_.d_ln2_w,
@@ -310,7 +318,8 @@ TEST_P(BlockTest, TransformerLayer) {
   reference::MlpBlock::Saved ms{ln2, Host(kRows * shard_.fc1_width), Host(kRows * shard_.ffn)};
   std::vector<float> mlp_out(n);
   norm1.Forward(ln1, s1, x.data());
-  attn.Forward(mid, ln1, as, AttentionDropout{});
+  const reference::AttentionInputs attn_in{{}, ref_positions_.data(), nullptr};
+  attn.Forward(mid, ln1, as, attn_in);
   cpu_->Dropout(mid, kRows, h_, Drop(p, 1));
   cpu_->AddInPlace(mid, x.data(), n);
   norm2.Forward(ln2, s2, mid);
@@ -323,7 +332,7 @@ TEST_P(BlockTest, TransformerLayer) {
   norm2.Backward(dx.data(), dbranch.data(), s2, mid);
   dbranch = dx;
   cpu_->Dropout(dbranch.data(), kRows, h_, Drop(p, 1));
-  attn.Backward(dbranch.data(), dbranch.data(), as, AttentionDropout{});
+  attn.Backward(dbranch.data(), dbranch.data(), as, attn_in);
   norm1.Backward(dx.data(), dbranch.data(), s1, x.data());
   dx_input = dx;
   cpu_->Dropout(dx_input.data(), kRows, h_, Drop(p, 0));
@@ -432,8 +441,8 @@ TEST_F(ModulesTest, Embedding) {
                            params_->Grad("embedding.word_embeddings.weight"),
                            params_->Grad("embedding.position_embeddings.weight"));
   std::vector<float> y(n), dref = dy;
-  ref.Forward(y.data(), tokens.data(), Drop(p, 0));
-  ref.Backward(dref.data(), tokens.data(), Drop(p, 0));
+  ref.Forward(y.data(), tokens.data(), ref_positions_.data(), Drop(p, 0));
+  ref.Backward(dref.data(), tokens.data(), ref_positions_.data(), Drop(p, 0));
 
   Embedding emb(ctx_, h_, vocab_, At(f32_->get(), "embedding.word_embeddings.weight"),
                 At(f32_->get(), "embedding.position_embeddings.weight"),

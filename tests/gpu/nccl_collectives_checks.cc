@@ -104,6 +104,22 @@ void CheckCollectives(const std::string& name, Communicator* comm, const std::ve
             name + " ReduceScatter in place");
   }
 
+  // AllToAll (context parallelism's head split): block p of every rank's input lands in block
+  // `rank` of rank p's output; device and host memory.
+  {
+    const size_t n = 1001;
+    std::vector<float> want(size * n);
+    for (int p = 0; p < size; ++p)
+      for (size_t i = 0; i < n; ++i) want[p * n + i] = Value(members[p], me * n + i);
+    const std::vector<float> all = Fill(world_rank, size * n, Value);
+    DeviceBuffer<float> in(all), out(size * n);
+    comm->AllToAll(in.get(), out.get(), n);
+    c.Equal(out.Download(size * n), want, name + " AllToAll");
+    std::vector<float> host_out(size * n);
+    comm->AllToAll(all.data(), host_out.data(), n);
+    c.Equal(host_out, want, name + " host AllToAll");
+  }
+
   // Broadcast from the last and the first rank.
   for (int root : {size - 1, 0}) {
     const size_t n = 3001;
@@ -158,7 +174,6 @@ void CheckCollectives(const std::string& name, Communicator* comm, const std::ve
   }
   comm->Barrier();
 }
-
 
 // A ring: every rank sends three messages (tags 0, 1, 0) and a host-memory one (tag 1) to the
 // next rank before receiving the previous rank's in the same order. The send buffer is rewritten

@@ -3,8 +3,8 @@ DP2 (plain, overlapped gradient reduce, distributed optimizer with and without o
 engine and by NCCL; gradients reduced in fp32 and in bf16), TP2, TP2+SP and PP2 (1F1B and
 interleaved) against one GPU within bf16 tolerance over 50 steps, and Llama layers under DP2 with
 the distributed optimizer, TP2, TP2+SP and interleaved PP2; the float32 model over NCCL
-(TP2+SP, interleaved PP2) against one GPU; resuming a checkpoint under another layout; and a
-killed rank stopping the other instead of hanging."""
+(TP2+SP, interleaved PP2, CP2 with each --cp-comm-type) against one GPU; resuming a checkpoint
+under another layout; and a killed rank stopping the other instead of hanging."""
 import os
 import signal
 import subprocess
@@ -138,7 +138,13 @@ def test_bf16_llama_layouts_match_one_gpu(dataset, one_gpu_llama, name):
 
 @pytest.mark.parametrize("extra", [["--tensor-model-parallel-size", "2", "--sequence-parallel"],
                                    ["--pipeline-model-parallel-size", "2",
-                                    "--num-layers-per-virtual-pipeline-stage", "1"]])
+                                    "--num-layers-per-virtual-pipeline-stage", "1"],
+                                   # Context parallelism over NCCL: the ring's channels, the
+                                   # all-gather and the all-to-all, with the float32 block
+                                   # attention kernels.
+                                   ["--context-parallel-size", "2", "--cp-comm-type", "p2p"],
+                                   ["--context-parallel-size", "2", "--cp-comm-type", "all_gather"],
+                                   ["--context-parallel-size", "2", "--cp-comm-type", "a2a"]])
 def test_float32_model_over_nccl_matches_one_gpu(dataset, one_gpu_fp32, extra):
     got, valid = losses(run_train(common(dataset) + ["--ops-backend", "cuda"] + extra, nproc=2))
     assert_close(got, one_gpu_fp32[0], 1e-4, 1e-4)

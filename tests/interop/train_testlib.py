@@ -73,11 +73,15 @@ def export_validation_samples():
             for i in range(EXPORT_GBS)]
 
 
-def licence_dataset(prefix):
-    """Byte tokens (clipped to 0..254) of the licence texts, one document per paragraph."""
+def licence_dataset(prefix, eod=None):
+    """Byte tokens (clipped to 0..254) of the licence texts, one document per paragraph. With
+    `eod` (NullTokenizer's, 255 for --vocab-size 255): short documents instead, each paragraph cut
+    into pieces of 3 to 20 bytes, each ending with the EOD token (as preprocess_data --append-eod
+    writes them), so that a 32-token sample packs several documents."""
     builder = NumpyIndexedDatasetBuilder(str(prefix), np.uint16)
     texts = sorted(Path("/usr/share/common-licenses").glob("*"))
     assert texts, "no /usr/share/common-licenses texts"
+    rng = np.random.default_rng(7)
     for path in texts:
         if not path.is_file():
             continue
@@ -85,8 +89,14 @@ def licence_dataset(prefix):
             tokens = np.minimum(np.frombuffer(para, np.uint8), 254).astype(np.uint16)
             if tokens.size < 4:
                 continue
-            builder.add_item(tokens)
-            builder.end_document()
+            pieces = [tokens]
+            if eod is not None:
+                cuts = np.cumsum(rng.integers(3, 21, size=tokens.size))
+                pieces = [np.append(tokens[a:b], np.uint16(eod))
+                          for a, b in zip(np.r_[0, cuts], cuts) if a < tokens.size]
+            for piece in pieces:
+                builder.add_item(piece)
+                builder.end_document()
     builder.finalize()
     return str(prefix)
 

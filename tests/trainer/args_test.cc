@@ -51,6 +51,43 @@ TEST(ArgsTest, InconsistentSettingsAreRefusedWithOneLine) {
   EXPECT_FALSE(Check({"--lr-decay-style", "WSD"}, 1).ok());
 }
 
+TEST(ArgsTest, ContextParallelAndTheLongContextCompanionsAreChecked) {
+  auto msg = [](const absl::Status& s) { return std::string(s.message()); };
+  EXPECT_TRUE(Check({"--context-parallel-size", "2"}, 2).ok());
+  EXPECT_TRUE(Check({"--context-parallel-size", "4", "--cp-comm-type", "a2a"}, 4).ok());
+  EXPECT_TRUE(Check({"--context-parallel-size", "2", "--tensor-model-parallel-size", "2",
+                     "--sequence-parallel", "--cp-comm-type", "all_gather"},
+                    8)
+                  .ok());
+  EXPECT_EQ(msg(Check({"--context-parallel-size", "2"}, 3)),
+            "world size 3 is not divisible by TP 1 x CP 2 x PP 1");
+  EXPECT_EQ(msg(Check({"--context-parallel-size", "2", "--cp-comm-type", "ring"}, 2)),
+            "--cp-comm-type must be p2p, all_gather or a2a, not ring");
+  // 32 tokens in 2 x CP chunks: CP 3 does not divide them.
+  EXPECT_EQ(msg(Check({"--context-parallel-size", "3"}, 3)),
+            "--seq-length 32 is not divisible by 2 x CP 3 (each CP rank holds two of 2 x CP equal "
+            "chunks of a sequence)");
+  EXPECT_EQ(
+      msg(Check({"--context-parallel-size", "2", "--cp-comm-type", "a2a", "--group-query-attention",
+                 "--num-query-groups", "2", "--tensor-model-parallel-size", "2"},
+                4)),
+      "--cp-comm-type a2a splits each TP rank's query groups over CP: 1 query group(s) per "
+      "TP rank (--num-query-groups 2 / TP 2) is not divisible by CP 2");
+  EXPECT_EQ(msg(Check({"--context-parallel-size", "8", "--tensor-model-parallel-size", "8",
+                       "--num-attention-heads", "8", "--sequence-parallel", "--seq-length", "48"},
+                      64)),
+            "--sequence-parallel needs each CP rank's 6 tokens (--seq-length 48 / CP 8) divisible "
+            "by TP 8");
+  EXPECT_EQ(msg(Check({"--context-parallel-size", "2", "--bf16"}, 2)),
+            "--context-parallel-size > 1 runs on the float32 model so far (drop --bf16: "
+            "--ops-backend cpu, or cuda in float32); the bf16 model's context-parallel and "
+            "document-masked attention are not built yet");
+  EXPECT_EQ(msg(Check({"--reset-attention-mask", "--bf16"}, 1)).substr(0, 50),
+            "--reset-attention-mask runs on the float32 model s");
+  // The companions need an end-of-document token: GPT-2's 50256 (the default tokenizer) has one.
+  EXPECT_TRUE(Check({"--reset-position-ids", "--reset-attention-mask", "--eod-mask-loss"}, 1).ok());
+}
+
 TEST(ArgsTest, UnevenPipelineSplitIsCheckedLikeMegatronCore) {
   auto msg = [](const absl::Status& s) { return std::string(s.message()); };
   // 4 layers: 3 + 1, 1 + 3, 1 + 2 + 1 (both, one middle stage), 2 + 1 + 1 (first, two others).

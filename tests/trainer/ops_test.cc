@@ -306,14 +306,25 @@ TEST_F(OpsTest, RopeRotatesQueriesAndKeysAndItsInverseIsTheBackward) {
   };
   const std::vector<double> inv_freq = RopeInverseFrequencies(base, Dh, {});
   auto y = qkv;
-  ops_->Rope(y.data(), B, T, H, G, Dh, inv_freq, false);
+  ops_->Rope(y.data(), B, T, H, G, Dh, inv_freq, false, nullptr, 0);
   ExpectNear(y, ref(D(qkv)), 1e-5, "rope");
   // The backward of a linear map is its transpose: <rope(x), r> == <x, rope⁻¹(r)>.
   auto r = Rand(qkv.size(), 37);
   auto back = r;
-  ops_->Rope(back.data(), B, T, H, G, Dh, inv_freq, true);
+  ops_->Rope(back.data(), B, T, H, G, Dh, inv_freq, true, nullptr, 0);
   const Vec R = D(r);
   ExpectNear(back, NumGrad([&](const Vec& v) { return Dotted(ref(v), R); }, D(qkv)), 1e-5, "drope");
+  // Rows at given positions (a CP rank's chunks, documents' restarted positions) rotate as the
+  // rows at those positions: sample 1's rows of the whole rotation, in shuffled order.
+  const int row = (H + 2 * G) * Dh;
+  std::vector<int32_t> pos = {4, 0, 5, 2, 1, 3};
+  std::vector<float> picked(T * row);
+  for (int t = 0; t < T; ++t)
+    std::copy(&qkv[(T + pos[t]) * row], &qkv[(T + pos[t] + 1) * row], &picked[t * row]);
+  ops_->Rope(picked.data(), 1, T, H, G, Dh, inv_freq, false, pos.data(), T);
+  for (int t = 0; t < T; ++t)
+    for (int c = 0; c < row; ++c)
+      ASSERT_EQ(picked[t * row + c], y[(T + pos[t]) * row + c]) << t << "," << c;
 }
 
 // ---------------------------------------------------------------- dropout
@@ -335,6 +346,17 @@ TEST_F(OpsTest, DropoutMaskDependsOnSampleAndPositionOnly) {
   ds.row_offset = 4;
   ops_->Dropout(shard.data(), 4, cols, ds);
   for (int i = 0; i < 4 * cols; ++i) ASSERT_EQ(shard[i], x[4 * cols + i]);
+  // A context-parallel rank's rows (its chunks of each sample; here the second half of SP's
+  // rows) see the whole sample's mask at their positions: CP 2, rank 1 holds positions 1 and 2.
+  std::vector<float> cp_rows(2 * cols, 1.0f);
+  HiddenDropout dc = d;
+  dc.cp_rank = 1;
+  dc.cp_size = 2;
+  dc.row_offset = 2;  // the second sample's two tokens
+  ops_->Dropout(cp_rows.data(), 2, cols, dc);
+  for (int t = 0; t < 2; ++t)
+    for (int c = 0; c < cols; ++c)
+      ASSERT_EQ(cp_rows[t * cols + c], x[(seq + 1 + t) * cols + c]) << t << "," << c;
   // p = 0 is the identity.
   std::vector<float> y(rows * cols, 2.0f);
   ops_->Dropout(y.data(), rows, cols, HiddenDropout{});

@@ -39,6 +39,7 @@ TEST(ProcessGroupsTest, GroupsSpanTheirDimensionsAndPartitionTheWorld) {
                                                               {"dp", {"dp"}},
                                                               {"pp", {"pp"}},
                                                               {"mp", {"tp", "pp"}},
+                                                              {"dpcp", {"dp", "cp"}},
                                                               {"emb", {"pp"}}};
   std::map<std::string, std::map<std::string, std::vector<int>>> by_kind;  // kind -> key -> members
   for (int r = 0; r < s.world(); ++r) {
@@ -68,11 +69,12 @@ TEST(ProcessGroupsTest, GroupsSpanTheirDimensionsAndPartitionTheWorld) {
         EXPECT_EQ(it->second, g.members) << "members of " << g.key << " differ by rank";
       }
     }
-    // Every group but the tied embedding's, which only the first and last stage join.
-    EXPECT_EQ(GroupsOf(me, s).size(), me.pp == 0 || me.pp == s.pp - 1 ? 7u : 6u);
+    // Every group (dp×cp since CP > 1) but the tied embedding's, which only the first and last
+    // stage join.
+    EXPECT_EQ(GroupsOf(me, s).size(), me.pp == 0 || me.pp == s.pp - 1 ? 8u : 7u);
   }
-  const std::map<std::string, size_t> sizes = {{"world", 24}, {"tp", 2}, {"cp", 2}, {"dp", 3},
-                                               {"pp", 2},     {"mp", 4}, {"emb", 2}};
+  const std::map<std::string, size_t> sizes = {{"world", 24}, {"tp", 2}, {"cp", 2},  {"dp", 3},
+                                               {"pp", 2},     {"mp", 4}, {"emb", 2}, {"dpcp", 6}};
   for (const auto& [kind, groups] : by_kind) {
     std::multiset<int> covered;
     for (const auto& [key, members] : groups) {
@@ -84,6 +86,29 @@ TEST(ProcessGroupsTest, GroupsSpanTheirDimensionsAndPartitionTheWorld) {
     EXPECT_EQ(covered.size(), static_cast<size_t>(s.world())) << kind;
     EXPECT_EQ(std::set<int>(covered.begin(), covered.end()).size(), covered.size()) << kind;
   }
+}
+
+TEST(ProcessGroupsTest, DataParallelWithContextParallelIsMegatronsGroup) {
+  // Megatron's data-parallel group with context parallel: same tp and pp, rank = cp + CP·dp.
+  const ParallelSizes s{.tp = 2, .cp = 2, .ep = 1, .dp = 2, .pp = 2};
+  const RankCoords me = CoordsOf(WorldRankOf({.tp = 1, .cp = 1, .dp = 0, .pp = 1}, s), s);
+  for (const GroupSpec& g : GroupsOf(me, s)) {
+    if (g.slot != &ProcessGroups::dp_cp) continue;
+    std::vector<int> want;
+    for (int d = 0; d < 2; ++d)
+      for (int c = 0; c < 2; ++c)
+        want.push_back(WorldRankOf({.tp = 1, .cp = c, .dp = d, .pp = 1}, s));
+    EXPECT_EQ(g.members, want);
+    return;
+  }
+  ADD_FAILURE() << "no dp_cp group";
+}
+
+TEST(ProcessGroupsTest, NoDataContextGroupWithoutContextParallelism) {
+  const ParallelSizes s{.tp = 2, .cp = 1, .ep = 1, .dp = 2, .pp = 1};
+  for (const GroupSpec& g : GroupsOf({}, s)) EXPECT_NE(g.slot, &ProcessGroups::dp_cp) << g.key;
+  ProcessGroups one = SingleProcessGroups();
+  EXPECT_EQ(&one.data_parallel_with_cp(), one.dp.get());
 }
 
 }  // namespace

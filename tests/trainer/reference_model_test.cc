@@ -55,7 +55,7 @@ TEST_P(ModelGradTest, AnalyticGradientsMatchFiniteDifferences) {
   mo.micro_batch = 2;
   mo.seq_length = 6;
   mo.hidden_dropout = mo.attention_dropout = 0.0f;
-  ReferenceModel model(ops.get(), *layout, tp.get(), &params, 0, 0, mo);
+  ReferenceModel model(ops.get(), *layout, tp.get(), tp.get(), &params, 0, 0, mo);
   const MicroBatch mb = TinyBatch(2, 6, config.vocab_size);
 
   ops->Zero(params.grad(), params.size());
@@ -97,7 +97,7 @@ TEST(ModelTest, DropoutChangesTheLossOnlyWhenTraining) {
   ModelOptions mo;
   mo.micro_batch = 2;
   mo.seq_length = 6;
-  ReferenceModel model(ops.get(), *layout, tp.get(), &params, 0, 0, mo);
+  ReferenceModel model(ops.get(), *layout, tp.get(), tp.get(), &params, 0, 0, mo);
   MicroBatch mb = TinyBatch(2, 6, config.vocab_size);
   const float eval = model.Forward(0, mb, nullptr);
   mb.training = true;

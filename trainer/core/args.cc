@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "libdata/tokenizer.h"
+#include "trainer/core/context_parallel.h"
 #include "trainer/core/scheduler.h"
 
 namespace leantron::trainer {
@@ -64,6 +65,11 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
                  "Layers on the last pipeline stage (which also holds the output layer and loss); "
                  "the others split the rest evenly");
   app.add_flag("--sequence-parallel", a->sequence_parallel, "Sequence parallelism (needs TP > 1)");
+  app.add_option("--context-parallel-size", a->context_parallel_size,
+                 "Split each sequence over this many ranks (context parallelism; default 1)");
+  app.add_option("--cp-comm-type", a->cp_comm_type,
+                 "How context-parallel attention exchanges keys and values: p2p (ring, default), "
+                 "all_gather or a2a (heads split over CP)");
   app.add_flag("--use-distributed-optimizer", a->use_distributed_optimizer,
                "Shard optimizer state over data-parallel ranks (ZeRO-1)");
   app.add_option("--nproc-per-node", a->nproc_per_node,
@@ -135,6 +141,12 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--split", a->split, "Train/valid/test proportions (default 969,30,1)");
   app.add_flag("--mock-data", a->mock_data, "Synthetic samples instead of --data-path");
+  app.add_flag("--reset-position-ids", a->reset_position_ids,
+               "Positions restart after each end-of-document token");
+  app.add_flag("--reset-attention-mask", a->reset_attention_mask,
+               "Attention stays inside the documents an end-of-document token ends");
+  app.add_flag("--eod-mask-loss", a->eod_mask_loss,
+               "No loss where the input token is the end-of-document token");
   app.add_option("--data-cache-path", a->data_cache_path, "Where the sample index cache lives");
   app.add_option("--save", a->save, "Checkpoint directory to save to");
   app.add_option("--load", a->load, "Checkpoint directory to load from");
@@ -183,8 +195,42 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
   // Known, not implemented.
   TrainArgs::Unsupported& u = a->unsupported;
   app.add_flag("--fp16", u.fp16, "(not implemented: use --bf16)");
-  app.add_option("--context-parallel-size", a->context_parallel_size, "1 (CP not implemented yet)");
 }
+
+namespace {
+
+// --context-parallel-size, --cp-comm-type and the long-context companions (which need an EOD).
+absl::Status ValidateContextParallel(const TrainArgs& a) {
+  auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
+  const int cp = a.context_parallel_size, tp = a.tensor_model_parallel_size;
+  absl::StatusOr<CpCommType> type = ParseCpCommType(a.cp_comm_type);
+  if (!type.ok()) return type.status();
+  if (cp > 1 && a.seq_length % (2 * cp) != 0)
+    return bad("--seq-length ", a.seq_length, " is not divisible by 2 x CP ", cp,
+               " (each CP rank holds two of 2 x CP equal chunks of a sequence)");
+  if (cp > 1 && *type == CpCommType::kAllToAll && (a.num_query_groups / tp) % cp != 0) {
+    return bad("--cp-comm-type a2a splits each TP rank's query groups over CP: ",
+               a.num_query_groups / tp, " query group(s) per TP rank (--num-query-groups ",
+               a.num_query_groups, " / TP ", tp, ") is not divisible by CP ", cp);
+  }
+  if (a.bf16 && (cp > 1 || a.reset_attention_mask || a.reset_position_ids)) {
+    return bad(cp > 1
+                   ? "--context-parallel-size > 1"
+                   : (a.reset_attention_mask ? "--reset-attention-mask" : "--reset-position-ids"),
+               " runs on the float32 model so far (drop --bf16: --ops-backend cpu, or cuda in "
+               "float32); the bf16 model's context-parallel and document-masked attention are not "
+               "built yet");
+  }
+  if ((a.reset_position_ids || a.reset_attention_mask || a.eod_mask_loss) && a.eod_id < 0) {
+    return bad(
+        "--reset-position-ids, --reset-attention-mask and --eod-mask-loss need an "
+        "end-of-document token, and ",
+        a.tokenizer_type, " has none");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::Status ValidateTrainArgs(TrainArgs* a) {
   auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
@@ -222,7 +268,6 @@ absl::Status ValidateTrainArgs(TrainArgs* a) {
     return bad("--rope-scaling-factor must be positive, not ", a->rope_scaling_factor);
   const TrainArgs::Unsupported& u = a->unsupported;
   if (u.fp16) return bad("--fp16 is not implemented (loss scaling); use --bf16");
-  if (a->context_parallel_size != 1) return bad("context parallelism is not implemented yet");
   if (a->normalization != "LayerNorm" && a->normalization != "RMSNorm")
     return bad("--normalization must be LayerNorm or RMSNorm, not ", a->normalization);
   if (a->position_embedding_type != "learned_absolute" && a->position_embedding_type != "rope")
@@ -283,9 +328,11 @@ absl::Status ValidateTrainArgs(TrainArgs* a) {
         "--distributed-timeout-minutes, --rendezvous-timeout-seconds and "
         "--heartbeat-timeout-seconds must be positive");
   const int tp = a->tensor_model_parallel_size, pp = a->pipeline_model_parallel_size;
-  if (tp <= 0 || pp <= 0) return bad("parallel sizes must be positive");
-  if (a->world_size % (tp * pp) != 0)
-    return bad("world size ", a->world_size, " is not divisible by TP ", tp, " x PP ", pp);
+  const int cp = a->context_parallel_size;
+  if (tp <= 0 || pp <= 0 || cp <= 0) return bad("parallel sizes must be positive");
+  if (a->world_size % (tp * cp * pp) != 0)
+    return bad("world size ", a->world_size, " is not divisible by TP ", tp,
+               cp > 1 ? absl::StrCat(" x CP ", cp) : "", " x PP ", pp);
   if (a->num_attention_heads % tp != 0)
     return bad("--num-attention-heads ", a->num_attention_heads, " is not divisible by TP ", tp);
   if (a->num_query_groups % tp != 0)
@@ -354,8 +401,14 @@ absl::Status ValidateTrainArgs(TrainArgs* a) {
     }
   }
   if (tp == 1) a->sequence_parallel = false;  // as Megatron does
-  if (a->sequence_parallel && a->seq_length % tp != 0)
-    return bad("--sequence-parallel needs --seq-length ", a->seq_length, " divisible by TP ", tp);
+  if (absl::Status s = ValidateContextParallel(*a); !s.ok()) return s;
+  if (a->sequence_parallel && a->seq_length / cp % tp != 0) {
+    return cp == 1 ? bad("--sequence-parallel needs --seq-length ", a->seq_length,
+                         " divisible by TP ", tp)
+                   : bad("--sequence-parallel needs each CP rank's ", a->seq_length / cp,
+                         " tokens (--seq-length ", a->seq_length, " / CP ", cp,
+                         ") divisible by TP ", tp);
+  }
   if (a->mock_data == !a->data_path.empty())
     return bad("give exactly one of --data-path and --mock-data");
   if (a->lr_decay_iters == 0) a->lr_decay_iters = a->train_iters;
@@ -382,6 +435,7 @@ absl::Status ValidateTrainArgs(TrainArgs* a) {
     return bad("--ops-backend ", a->backend, " is not in this build (cpu; built without CUDA)");
 #endif
   if (a->bf16 && a->backend != "cuda") return bad("--bf16 needs --ops-backend cuda");
+
   if (a->grad_reduce_in_bf16 && !a->bf16) return bad("--grad-reduce-in-bf16 needs --bf16");
   return absl::OkStatus();
 }
@@ -442,14 +496,18 @@ std::string TrainArgsToJson(const TrainArgs& a) {
       "\"pipeline_model_parallel_size\": %d, \"data_parallel_size\": %d, "
       "\"sequence_parallel\": %s, \"use_distributed_optimizer\": %s, \"tokenizer_type\": \"%s\", "
       "\"virtual_pipeline_model_parallel_size\": %d, \"decoder_first_pipeline_num_layers\": %s, "
-      "\"decoder_last_pipeline_num_layers\": %s}",
+      "\"decoder_last_pipeline_num_layers\": %s, \"context_parallel_size\": %d, "
+      "\"cp_comm_type\": \"%s\", \"reset_position_ids\": %s, \"reset_attention_mask\": %s, "
+      "\"eod_mask_loss\": %s}",
       a.micro_batch_size, a.global_batch_size, a.seq_length, a.train_iters, a.lr, a.min_lr,
       a.lr_decay_style, a.lr_warmup_iters, a.lr_decay_iters, a.weight_decay, a.adam_beta1,
       a.adam_beta2, a.adam_eps, a.clip_grad, a.seed, a.hidden_dropout, a.attention_dropout,
       a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.data_parallel_size(),
       a.sequence_parallel ? "true" : "false", a.use_distributed_optimizer ? "true" : "false",
       a.tokenizer_type, a.virtual_pipeline_size(), count(a.decoder_first_pipeline_num_layers),
-      count(a.decoder_last_pipeline_num_layers));
+      count(a.decoder_last_pipeline_num_layers), a.context_parallel_size, a.cp_comm_type,
+      a.reset_position_ids ? "true" : "false", a.reset_attention_mask ? "true" : "false",
+      a.eod_mask_loss ? "true" : "false");
 }
 
 }  // namespace leantron::trainer

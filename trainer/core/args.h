@@ -48,7 +48,8 @@ struct TrainArgs {
   int64_t eod_id = -1;               // derived: the tokenizer's EOD (-1: none)
   // Parallelism.
   int tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1;
-  int context_parallel_size = 1;  // a dimension of the process grid; 1 until CP is built
+  int context_parallel_size = 1;
+  std::string cp_comm_type = "p2p";                   // p2p, all_gather or a2a (context_parallel.h)
   int64_t num_layers_per_virtual_pipeline_stage = 0;  // 0: no interleaving
   // Megatron-Core's uneven split: layers of the first / last pipeline stage (unset: even split).
   std::optional<int64_t> decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers;
@@ -82,6 +83,9 @@ struct TrainArgs {
   std::vector<std::string> data_path;
   std::string split = "969, 30, 1";
   bool mock_data = false;
+  // The long-context companions, as Megatron's get_ltor_masks_and_position_ids defines them:
+  // positions restart and attention stops after each EOD token; no loss where the input is EOD.
+  bool reset_position_ids = false, reset_attention_mask = false, eod_mask_loss = false;
   std::string data_cache_path;
   std::string save, load;
   int64_t save_interval = 0;

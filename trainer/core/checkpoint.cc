@@ -116,8 +116,8 @@ absl::Status SaveTrainingCheckpoint(const TrainArgs& args, const ckpt::ModelLayo
                                     const TrainPosition& position) {
   Communicator& world = *groups.world;
   std::vector<float> exp_avg, exp_avg_sq;
-  optimizer.GatherParams();                      // collective over DP
-  optimizer.GatherState(&exp_avg, &exp_avg_sq);  // collective over DP
+  optimizer.GatherParams();                      // collective over DP × CP
+  optimizer.GatherState(&exp_avg, &exp_avg_sq);  // collective over DP × CP
 
   absl::Status st;
   std::string temp_dir;
@@ -129,7 +129,8 @@ absl::Status SaveTrainingCheckpoint(const TrainArgs& args, const ckpt::ModelLayo
   temp_dir = absl::StrCat(args.save, "/", ckpt::IterationDirName(position.iteration), ".tmp");
 
   st = absl::OkStatus();
-  if (groups.coords.dp == 0) {
+  // The model is replicated over DP and CP: the (tp, pp) ranks of one replica write.
+  if (groups.coords.dp == 0 && groups.coords.cp == 0) {
     const std::vector<float> host = params.HostData();
     const std::vector<ckpt::RankTensor> p = Tensors(params, host.data());
     std::vector<ckpt::RankTensor> m, v;

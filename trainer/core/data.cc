@@ -69,7 +69,44 @@ absl::Status BatchSource::Get(data::SplitKind kind, int64_t first, int64_t count
       mb->labels[i * s + t] = lab < 0 ? -1 : static_cast<int32_t>(lab);
     }
   }
+  ShapeSamples(opt_, count, mb);
   return absl::OkStatus();
+}
+
+void ShapeSamples(const DataOptions& o, int64_t count, MicroBatch* mb) {
+  const int64_t s = o.seq_length;
+  mb->positions.clear();
+  mb->documents.clear();
+  if (o.eod >= 0 && (o.reset_position_ids || o.reset_attention_mask || o.eod_mask_loss)) {
+    if (o.reset_position_ids) mb->positions.resize(count * s);
+    if (o.reset_attention_mask) mb->documents.resize(count * s);
+    for (int64_t i = 0; i < count; ++i) {
+      int64_t start = 0;  // where the current document began
+      int32_t document = 0;
+      for (int64_t t = 0; t < s; ++t) {
+        const int64_t at = i * s + t;
+        if (o.reset_position_ids) mb->positions[at] = static_cast<int32_t>(t - start);
+        if (o.reset_attention_mask) mb->documents[at] = document;
+        if (mb->tokens[at] != o.eod) continue;
+        if (o.eod_mask_loss) mb->labels[at] = -1;
+        start = t + 1;
+        ++document;
+      }
+    }
+  }
+  if (o.cp_size <= 1) return;
+  const SequenceChunks chunks{s, o.cp_rank, o.cp_size};
+  const int64_t local = chunks.local_length();
+  auto keep_chunks = [&](std::vector<int32_t>* v) {
+    if (v->empty()) return;
+    std::vector<int32_t> mine(count * local);
+    for (int64_t i = 0; i < count; ++i)
+      for (int64_t t = 0; t < local; ++t) mine[i * local + t] = (*v)[i * s + chunks.Position(t)];
+    v->swap(mine);
+  };
+  keep_chunks(&mb->tokens);
+  keep_chunks(&mb->labels);
+  keep_chunks(&mb->positions);
 }
 
 }  // namespace leantron::trainer

@@ -32,6 +32,7 @@ ModelOptions ModelOptionsFromArgs(const TrainArgs& args) {
   };
   mo.recompute_attention = module("core_attn");
   mo.recompute_norms = module("layernorm");
+  mo.cp_comm_type = ParseCpCommType(args.cp_comm_type).value_or(CpCommType::kP2P);
   return mo;
 }
 
@@ -56,7 +57,8 @@ absl::Status BuildBf16Chunks(const TrainArgs& args, ProcessGroups& g,
     if (!model.ok()) return model.status();
     m->models.push_back(std::move(*model));
   }
-  NcclCommunicator* dp = AsNccl(g.dp.get());
+  // Gradients are summed over the data-parallel group with context parallel (as Megatron's).
+  NcclCommunicator* dp = AsNccl(&g.data_parallel_with_cp());
   if (dp == nullptr || dp->size() <= 1) return absl::OkStatus();
   cuda::GradReducer::Options ro;
   ro.overlap_grad_reduce = args.overlap_grad_reduce;
@@ -115,8 +117,8 @@ absl::StatusOr<TrainingModel> BuildTrainingModel(const TrainArgs& args, ProcessG
           "--recompute-modules layernorm is implemented in the bf16 model (--bf16); the float32 "
           "model keeps its norm outputs");
     for (int v = 0; v < vpp; ++v) {
-      m.models.push_back(std::make_unique<ReferenceModel>(m.ops.get(), *m.layout, g.tp.get(),
-                                                          m.params.get(), g.coords.pp, v, mo));
+      m.models.push_back(std::make_unique<ReferenceModel>(
+          m.ops.get(), *m.layout, g.tp.get(), g.cp.get(), m.params.get(), g.coords.pp, v, mo));
     }
   }
   for (const std::unique_ptr<StageModel>& model : m.models) m.chunks.push_back(model.get());

@@ -31,7 +31,7 @@ Optimizer::Optimizer(Ops* ops, ParamStore* params, ProcessGroups* groups,
   }
   if (sharded()) {
     for (const DpBucket& b : opt_.buckets) {
-      const auto [first, last] = b.Part(groups_->dp->rank(), groups_->dp->size());
+      const auto [first, last] = b.Part(dp_cp().rank(), dp_cp().size());
       if (first < last) owned_.push_back({first, last, 0});
     }
     std::sort(owned_.begin(), owned_.end(),
@@ -95,12 +95,13 @@ void Optimizer::FinalizeGrads() {
       groups_->embedding->AllReduceSum(grad + v->offset, v->numel);
     }
   }
-  Communicator* dp = groups_->dp.get();
-  if (dp->size() == 1 || opt_.dp_by_reducer) return;
-  // The data-parallel sum, bucket by bucket (the Gloo backend's reduce-scatter is an all-reduce
-  // underneath, so the distributed optimizer reduces whole buckets too and uses its parts). The
-  // 1/DP averaging happens inside the step.
-  for (const DpBucket& b : opt_.buckets) dp->AllReduceSum(grad + b.offset, b.numel);
+  Communicator& dp = dp_cp();
+  if (dp.size() == 1 || opt_.dp_by_reducer) return;
+  // The sum over data- and context-parallel ranks (each CP rank holds its tokens' share of the
+  // micro-batches' gradient), bucket by bucket (the Gloo backend's reduce-scatter is an
+  // all-reduce underneath, so the distributed optimizer reduces whole buckets too and uses its
+  // parts). The 1/DP averaging happens inside the step.
+  for (const DpBucket& b : opt_.buckets) dp.AllReduceSum(grad + b.offset, b.numel);
 }
 
 StepResult Optimizer::Step(float lr) {
@@ -112,7 +113,8 @@ StepResult Optimizer::Step(float lr) {
   double sq = 0.0;
   for (const auto& [b, e] : norm_ranges_) sq += ops_->SumSquares(grad + b, e - b);
   groups_->model->AllReduceSumDouble(&sq, 1);
-  if (sharded()) groups_->dp->AllReduceSumDouble(&sq, 1);
+  if (sharded()) dp_cp().AllReduceSumDouble(&sq, 1);
+  // The sum over CP ranks is the micro-batches' gradient; over DP ranks, DP times the mean.
   const double inv_dp = 1.0 / static_cast<double>(groups_->dp->size());
   result.grad_norm = std::sqrt(sq) * inv_dp;
   if (!std::isfinite(result.grad_norm)) {
@@ -145,11 +147,11 @@ StepResult Optimizer::Step(float lr) {
 
 void Optimizer::BroadcastParts() {
   float* data = params_->data();
-  const int dp = groups_->dp->size();
+  Communicator& dp = dp_cp();
   for (const DpBucket& b : opt_.buckets) {
-    for (int r = 0; r < dp; ++r) {
-      const auto [first, last] = b.Part(r, dp);
-      if (first < last) groups_->dp->Broadcast(data + first, last - first, r);
+    for (int r = 0; r < dp.size(); ++r) {
+      const auto [first, last] = b.Part(r, dp.size());
+      if (first < last) dp.Broadcast(data + first, last - first, r);
     }
   }
 }
@@ -182,7 +184,7 @@ void Optimizer::GatherState(std::vector<float>* exp_avg, std::vector<float>* exp
         const size_t b = std::max(o.begin, w), e = std::min(o.end, w + len);
         if (b < e) ops_->Copy(buffer + (b - w), state + o.state + (b - o.begin), e - b);
       }
-      groups_->dp->AllReduceSum(buffer, len);
+      dp_cp().AllReduceSum(buffer, len);
       ops_->CopyToHost(host->data() + w, buffer, len * sizeof(float));
     }
   }

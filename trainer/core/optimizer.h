@@ -1,13 +1,14 @@
 // Gradient reduction and AdamW over the flat buffers.
 //   Finalize: sequence-parallel partial gradients summed over TP, the tied embedding copies'
-//   gradients summed over the first and last stage, then the data-parallel sum in buckets (unless
-//   the model has summed them already, overlapped with its backward).
+//   gradients summed over the first and last stage, then the sum over data × context parallel
+//   ranks in buckets (unless the model has summed them already, overlapped with its backward).
 //   Step: the true global gradient norm (each parameter counted once, whatever its sharding),
 //   NaN/Inf → skip, then AdamW (no decay on biases and norms) with fp32 main weights on the
 //   gradient times 1/DP and the clipping coefficient (one multiply inside the update, no separate
-//   pass), writing the model's bf16 copy beside. With the distributed optimizer (ZeRO-1) each DP
-//   rank keeps Adam moments for, and steps, only its part of every bucket; the parts are then
-//   broadcast, or gathered by the model overlapped with the next forward.
+//   pass), writing the model's bf16 copy beside. With the distributed optimizer (ZeRO-1) each
+//   rank of the data × context parallel group (Megatron shards over the data-parallel group with
+//   context parallel) keeps Adam moments for, and steps, only its part of every bucket; the parts
+//   are then broadcast, or gathered by the model overlapped with the next forward.
 #pragma once
 
 #include <cstdint>
@@ -56,16 +57,18 @@ class Optimizer {
   size_t state_elements() const { return state_elements_; }  // per Adam moment, on this rank
   void set_step(int64_t s) { step_ = s; }
   // Makes every DP rank's fp32 weights whole again where the model gathers only before its next
-  // forward (collective over DP; nothing to do otherwise). Before reading them, as a save does.
+  // forward (collective over DP × CP; nothing to do otherwise). Before reading them, as a save
+  // does.
   void GatherParams();
   // Adam moments for the whole of this rank's (tp, pp) shard, in the ParamStore's flat order. With
-  // the distributed optimizer these gather every DP rank's slice (collective over DP).
+  // the distributed optimizer these gather every DP × CP rank's slice (collective over DP × CP).
   void GatherState(std::vector<float>* exp_avg, std::vector<float>* exp_avg_sq);
   // Sets the moments from whole-shard arrays (each DP rank keeps its slice).
   void ScatterState(const std::vector<float>& exp_avg, const std::vector<float>& exp_avg_sq);
 
  private:
-  bool sharded() const { return opt_.distributed && groups_->dp->size() > 1; }
+  Communicator& dp_cp() const { return groups_->data_parallel_with_cp(); }
+  bool sharded() const { return opt_.distributed && dp_cp().size() > 1; }
   // Each bucket's part owned by DP rank r broadcast from it (fp32 weights whole everywhere).
   void BroadcastParts();
 

@@ -36,10 +36,12 @@ std::string ModelBanner(const TrainArgs& args, const TrainingModel& m, const Pro
   }
   return absl::StrFormat(
       "> building GPT model: %d layers, hidden %d, heads %d, ffn %d, padded vocab %d, %d "
-      "parameters; TP %d PP %d%s (x%d virtual) DP %d%s%s; %d micro-batches per step\n",
+      "parameters; TP %d%s PP %d%s (x%d virtual) DP %d%s%s; %d micro-batches per step\n",
       config.num_layers, config.hidden_size, config.num_attention_heads, config.ffn_hidden_size,
-      m.layout->padded_vocab_size(), total, g.sizes.tp, g.sizes.pp, uneven,
-      args.virtual_pipeline_size(), g.sizes.dp, args.sequence_parallel ? " +SP" : "",
+      m.layout->padded_vocab_size(), total, g.sizes.tp,
+      g.sizes.cp > 1 ? absl::StrFormat(" CP %d (%s)", g.sizes.cp, args.cp_comm_type) : "",
+      g.sizes.pp, uneven, args.virtual_pipeline_size(), g.sizes.dp,
+      args.sequence_parallel ? " +SP" : "",
       args.use_distributed_optimizer ? " +distributed optimizer" : "", args.num_micro_batches());
 }
 
@@ -84,10 +86,22 @@ std::string RankReport(const TrainArgs& args, const TrainingModel& m, const Proc
                 t.train_seconds > 0 ? 100.0 * t.comm_seconds / t.train_seconds : 0.0);
   absl::StrAppendFormat(
       &out,
-      "[Rank %d] tp %d pp %d dp %d | layers %s | parameters %d: %.1f MB + gradients %.1f MB + "
+      "[Rank %d] tp %d pp %d dp %d%s | layers %s | parameters %d: %.1f MB + gradients %.1f MB + "
       "Adam state %.1f MB | peak resident %d MB | %s\n",
-      g.world_rank, g.coords.tp, g.coords.pp, g.coords.dp, layers, m.params->size(), param_mb,
-      param_mb, adam_mb, PeakResidentMiB(), comm);
+      g.world_rank, g.coords.tp, g.coords.pp, g.coords.dp,
+      g.sizes.cp > 1 ? absl::StrFormat(" cp %d", g.coords.cp) : "", layers, m.params->size(),
+      param_mb, param_mb, adam_mb, PeakResidentMiB(), comm);
+  // Context parallelism's share: the host sees the time inside the cp group's Gloo calls (the
+  // waits for blocks that had not arrived), not transfers that ran while a block computed.
+  if (g.sizes.cp > 1 && args.backend != "cuda") {
+    absl::StrAppendFormat(
+        &out,
+        "[Rank %d] context-parallel communication (%s): %.2f s exposed (inside the cp group's "
+        "calls, %.1f%% of training), hidden 0.00 s (overlap with compute is not measured on "
+        "CPUs; counted as none)\n",
+        g.world_rank, args.cp_comm_type, t.cp_comm_seconds,
+        t.train_seconds > 0 ? 100.0 * t.cp_comm_seconds / t.train_seconds : 0.0);
+  }
   // With recomputation on, what each chunk's backwards redid (so a test can see it happened).
   if (!args.recompute_granularity.empty()) {
     for (const StageModel* c : m.chunks) {

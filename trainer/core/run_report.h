@@ -22,8 +22,9 @@ std::string MemoryLine(const TrainArgs& args, const TrainingModel& m, const Proc
 // Timings the loop gathered for the report.
 struct RunTimes {
   int64_t iterations = 0;
-  double train_seconds = 0.0;  // in training iterations
-  double comm_seconds = 0.0;   // inside a (host-timed, Gloo) communicator
+  double train_seconds = 0.0;    // in training iterations
+  double comm_seconds = 0.0;     // inside a (host-timed, Gloo) communicator
+  double cp_comm_seconds = 0.0;  // of which inside the context-parallel group's
   // After the first iteration (warm-up): wall time and the GPU's waits for pipeline data.
   double steady_ms = 0.0, pipeline_wait_ms = 0.0;
   int64_t steady_iters = 0;

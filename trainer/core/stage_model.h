@@ -8,20 +8,29 @@
 #include <string>
 #include <vector>
 
+#include "trainer/core/context_parallel.h"
 #include "trainer/core/model_events.h"
 
 namespace leantron::trainer {
 
+// With context parallelism a micro-batch holds this CP rank's chunks of its samples
+// (context_parallel.h): tokens, labels and positions [micro_batch · seq_length / CP].
 struct MicroBatch {
-  std::vector<int32_t> tokens;  // [micro_batch · seq_length]
-  std::vector<int32_t> labels;  // same shape; −1 = no loss (padding)
-  int64_t first_sample = 0;     // global index of its first sample (dropout masks)
-  bool training = true;         // dropout only when training
+  std::vector<int32_t> tokens;  // [micro_batch · local sequence]
+  std::vector<int32_t> labels;  // same shape; −1 = no loss (padding, --eod-mask-loss)
+  // Same shape, with --reset-position-ids: each token's position in its document (learned
+  // positions, RoPE). Empty: its position in the sample.
+  std::vector<int32_t> positions;
+  // [micro_batch · seq_length], with --reset-attention-mask: the document of every token of the
+  // whole samples (attention stays inside a document). Empty: each sample is one document.
+  std::vector<int32_t> documents;
+  int64_t first_sample = 0;  // global index of its first sample (dropout masks)
+  bool training = true;      // dropout only when training
 };
 
 struct ModelOptions {
   int64_t micro_batch = 1;
-  int64_t seq_length = 0;
+  int64_t seq_length = 0;  // tokens of a whole sample (each CP rank holds 1/CP of them)
   float hidden_dropout = 0.1f;
   float attention_dropout = 0.1f;
   bool sequence_parallel = false;
@@ -35,6 +44,8 @@ struct ModelOptions {
   int recompute_layers = 0;
   bool recompute_attention = false;
   bool recompute_norms = false;
+  // How attention meets the other CP ranks' tokens (with a cp group of more than one rank).
+  CpCommType cp_comm_type = CpCommType::kP2P;
 };
 
 class StageModel {
@@ -54,7 +65,8 @@ class StageModel {
   virtual void BeginStep() {}
   // Runs this stage's forward for `mb` into activation slot `slot`. `input` is the previous
   // stage's output (ignored on the first stage). On the last stage returns the micro-batch's
-  // mean loss over its unmasked tokens (the same on every TP rank); 0 elsewhere.
+  // mean loss over its unmasked tokens, all of its samples' tokens on every CP rank (the same on
+  // every TP and CP rank); 0 elsewhere.
   // A model may instead keep the losses on the device (no synchronisation per micro-batch):
   // Forward then returns 0 and TakeDeferredLoss gives their sum at the end of the schedule.
   virtual float Forward(int slot, const MicroBatch& mb, const float* input) = 0;

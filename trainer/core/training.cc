@@ -139,8 +139,12 @@ absl::Status Trainer::Save(const TrainPosition& position) {
 absl::Status Trainer::Setup(TrainPosition* pos) {
   // Host-side timing of Gloo calls; NCCL calls only enqueue work, so the cuda backend measures
   // its communication on the GPU instead.
+  if (args_.backend != "cuda") {
+    // Context parallelism's own share too (its attention's exchanges and the loss sum).
+    g_.cp = MakeTimedCommunicator(std::move(g_.cp), &times_.cp_comm_seconds);
+  }
   for (std::unique_ptr<Communicator>* c :
-       {&g_.world, &g_.tp, &g_.cp, &g_.dp, &g_.pp, &g_.model, &g_.embedding}) {
+       {&g_.world, &g_.tp, &g_.cp, &g_.dp, &g_.pp, &g_.model, &g_.dp_cp, &g_.embedding}) {
     if (*c && args_.backend != "cuda") {
       *c = MakeTimedCommunicator(std::move(*c), &times_.comm_seconds);
     }
@@ -161,6 +165,12 @@ absl::Status Trainer::Setup(TrainPosition* pos) {
   dopt.global_batch = args_.global_batch_size;
   dopt.vocab_size = m_.layout->config().vocab_size;
   dopt.cache_dir = args_.data_cache_path;
+  dopt.reset_position_ids = args_.reset_position_ids;
+  dopt.reset_attention_mask = args_.reset_attention_mask;
+  dopt.eod_mask_loss = args_.eod_mask_loss;
+  dopt.eod = args_.eod_id;
+  dopt.cp_rank = g_.coords.cp;
+  dopt.cp_size = g_.sizes.cp;
   {
     absl::StatusOr<std::unique_ptr<BatchSource>> d = BatchSource::Create(dopt);
     if (absl::Status s = Agree(*g_.world, d.status()); !s.ok()) return s;

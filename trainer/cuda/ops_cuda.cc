@@ -164,10 +164,11 @@ class CudaOps final : public Ops {
     cuda::SwigluBackward<float>(din, dout, in, rows, width, stream());
   }
   void Rope(float* qkv, int64_t batch, int64_t seq, int64_t heads, int64_t groups, int64_t head_dim,
-            const std::vector<double>& inv_freq, bool inverse) override {
+            const std::vector<double>& inv_freq, bool inverse, const int32_t* positions,
+            int64_t positions_bound) override {
     // The same table CpuOps rotates by, computed on the host and staged in scratch.
     std::vector<float> cs, sn;
-    RopeTable(inv_freq, seq, &cs, &sn);
+    RopeTable(inv_freq, positions != nullptr ? positions_bound : seq, &cs, &sn);
     if (inverse)
       for (float& x : sn) x = -x;
     const size_t bytes = cs.size() * sizeof(float);
@@ -176,7 +177,7 @@ class CudaOps final : public Ops {
     float* dsn = reinterpret_cast<float*>(table + (bytes + 255) / 256 * 256);
     LT_CUDA_CHECK(cudaMemcpyAsync(dcs, cs.data(), bytes, cudaMemcpyHostToDevice, stream()));
     LT_CUDA_CHECK(cudaMemcpyAsync(dsn, sn.data(), bytes, cudaMemcpyHostToDevice, stream()));
-    cuda::Rope(qkv, batch, seq, heads, groups, head_dim, dcs, dsn, stream());
+    cuda::Rope(qkv, batch, seq, heads, groups, head_dim, dcs, dsn, positions, stream());
     LT_CUDA_CHECK(cudaStreamSynchronize(stream()));  // the host tables go
   }
   void GeluForward(float* out, const float* in, size_t n, bool tanh_approx) override {
@@ -198,6 +199,27 @@ class CudaOps final : public Ops {
                          int64_t head_dim, const AttentionDropout& dropout) override {
     AttentionBackwardReference(dqkv, dout, qkv, probs, batch, seq, heads, groups, head_dim, dropout,
                                scratch(AttentionBackwardScratchBytes(batch, seq, heads)), stream());
+  }
+
+  void BlockAttentionForward(float* out, float* lse, const float* qkv, const float* kv,
+                             const BlockAttentionArgs& args, const AttentionDropout& dropout,
+                             bool merge) override {
+    BlockAttentionForwardReference(out, lse, qkv, kv, args, dropout, merge,
+                                   scratch(BlockAttentionForwardScratchBytes(args)), stream());
+  }
+  void BlockAttentionBackward(float* dqkv, float* dkv, const float* dout, const float* out,
+                              const float* lse, const float* qkv, const float* kv,
+                              const BlockAttentionArgs& args,
+                              const AttentionDropout& dropout) override {
+    BlockAttentionBackwardReference(dqkv, dkv, dout, out, lse, qkv, kv, args, dropout,
+                                    scratch(BlockAttentionBackwardScratchBytes(args)), stream());
+  }
+  void Copy2D(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
+              int64_t cols) override {
+    if (rows == 0 || cols == 0) return;
+    LT_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_stride * sizeof(float), src,
+                                    src_stride * sizeof(float), cols * sizeof(float), rows,
+                                    cudaMemcpyDeviceToDevice, stream()));
   }
 
   void Dropout(float* x, int64_t rows, int64_t cols, const HiddenDropout& dropout) override {

@@ -33,6 +33,8 @@ class Communicator {
   virtual void AllGather(const float* in, float* out, size_t n) = 0;
   // out[n] = rank's block of Σ in[size·n].
   virtual void ReduceScatter(const float* in, float* out, size_t n) = 0;
+  // in[size·n]: block p goes to rank p; out[size·n]: block p came from rank p (in != out).
+  virtual void AllToAll(const float* in, float* out, size_t n) = 0;
   virtual void Broadcast(float* data, size_t n, int root) = 0;
   // Point-to-point for pipeline schedules: messages of one tag between two ranks arrive in the
   // order they were sent. SendAsync copies `data` and returns at once; WaitSends waits for all.

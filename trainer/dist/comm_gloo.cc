@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "gloo/allgather.h"
 #include "gloo/allreduce.h"
+#include "gloo/alltoall.h"
 #include "gloo/barrier.h"
 #include "gloo/broadcast.h"
 #include "gloo/math.h"
@@ -45,6 +46,9 @@ class SelfCommunicator final : public Communicator {
   }
   void ReduceScatter(const float* in, float* out, size_t n) override {
     if (in != out) std::memmove(out, in, n * sizeof(float));
+  }
+  void AllToAll(const float* in, float* out, size_t n) override {
+    std::memcpy(out, in, n * sizeof(float));
   }
   void Broadcast(float*, size_t, int) override {}
   // A group of one has no peer; a schedule never sends to itself.
@@ -100,6 +104,13 @@ class GlooCommunicator final : public Communicator {
     std::memcpy(out, all.data() + n * rank(), n * sizeof(float));
   }
 
+  void AllToAll(const float* in, float* out, size_t n) override {
+    if (n == 0) return;
+    gloo::AlltoallOptions opts(context_);
+    opts.setInput(const_cast<float*>(in), n * size());
+    opts.setOutput(out, n * size());
+    Guard("all-to-all", [&] { gloo::alltoall(opts); });
+  }
   void Broadcast(float* data, size_t n, int root) override {
     if (n == 0) return;
     gloo::BroadcastOptions opts(context_);
@@ -189,6 +200,9 @@ class TimedCommunicator final : public Communicator {
   }
   void ReduceScatter(const float* in, float* out, size_t n) override {
     Time([&] { inner_->ReduceScatter(in, out, n); });
+  }
+  void AllToAll(const float* in, float* out, size_t n) override {
+    Time([&] { inner_->AllToAll(in, out, n); });
   }
   void Broadcast(float* d, size_t n, int root) override {
     Time([&] { inner_->Broadcast(d, n, root); });

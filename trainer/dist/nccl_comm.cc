@@ -307,6 +307,30 @@ void NcclCommunicator::ReduceScatter(const float* in, float* out, size_t n) {
   staging.Finish();
 }
 
+void NcclCommunicator::AllToAll(const float* in, float* out, size_t n) {
+  if (n == 0) return;
+  const cudaStream_t s = cuda::MainStream();
+  HostStaging staging(s);
+  const size_t bytes = n * sizeof(float) * size();
+  const float* src = static_cast<const float*>(staging.Map(in, bytes, true, false));
+  float* dst = static_cast<float*>(staging.Map(out, bytes, false, true));
+  if (size() == 1) {
+    LT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s));
+  } else {
+    // NCCL's all-to-all is its grouped sends and receives, one pair per peer.
+    Enqueue("AllToAll", s, [&](ncclComm_t comm) {
+      ncclResult_t r = ncclGroupStart();
+      for (int p = 0; p < size() && r == ncclSuccess; ++p) {
+        r = ncclSend(src + p * n, n, ncclFloat32, p, comm, s);
+        if (r == ncclSuccess) r = ncclRecv(dst + p * n, n, ncclFloat32, p, comm, s);
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return r != ncclSuccess ? r : end;
+    });
+  }
+  staging.Finish();
+}
+
 void NcclCommunicator::Broadcast(float* data, size_t n, int root) {
   if (root < 0 || root >= size()) Misuse(absl::StrCat("Broadcast root ", root, " on ", name_));
   if (n == 0 || size() == 1) return;

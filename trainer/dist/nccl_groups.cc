@@ -60,20 +60,25 @@ absl::StatusOr<ProcessGroups> CreateNcclProcessGroups(const LaunchInfo& launch,
     grp.rank = static_cast<int>(std::find(m.begin(), m.end(), launch.rank) - m.begin());
   }
   // Point-to-point channels made now: both directions between ring neighbours of the pipeline
-  // group, edge by edge in group order (the same order on every rank of the group).
-  const GroupSpec& pp = std::find_if(groups.begin(), groups.end(), [](const Group& grp) {
-                          return grp.spec.slot == &ProcessGroups::pp;
-                        })->spec;
-  std::vector<std::pair<int, int>> channel_pairs;  // (from, to) world ranks
-  {
-    const int stages = static_cast<int>(pp.members.size());
+  // group and of the context-parallel group (ring attention), edge by edge in group order (the
+  // same order on every rank of the group).
+  struct Channel {
+    std::string group;  // the ring's group key
+    int from, to;       // world ranks
+  };
+  std::vector<Channel> channel_pairs;
+  for (auto slot : {&ProcessGroups::pp, &ProcessGroups::cp}) {
+    const GroupSpec& ring = std::find_if(groups.begin(), groups.end(), [&](const Group& grp) {
+                              return grp.spec.slot == slot;
+                            })->spec;
+    const int n = static_cast<int>(ring.members.size());
     std::set<std::pair<int, int>> seen;
-    for (int e = 0; stages > 1 && e < stages; ++e) {
-      const int a = pp.members[e], b = pp.members[(e + 1) % stages];
+    for (int e = 0; n > 1 && e < n; ++e) {
+      const int a = ring.members[e], b = ring.members[(e + 1) % n];
       if (!seen.insert({std::min(a, b), std::max(a, b)}).second) continue;
       if (a != launch.rank && b != launch.rank) continue;
-      channel_pairs.push_back({std::min(a, b), std::max(a, b)});
-      channel_pairs.push_back({std::max(a, b), std::min(a, b)});
+      channel_pairs.push_back({ring.key, std::min(a, b), std::max(a, b)});
+      channel_pairs.push_back({ring.key, std::max(a, b), std::min(a, b)});
     }
   }
 
@@ -87,9 +92,9 @@ absl::StatusOr<ProcessGroups> CreateNcclProcessGroups(const LaunchInfo& launch,
         if (absl::Status s = runtime->PublishId(grp.spec.key); !s.ok()) return s;
       }
     }
-    for (const auto& [from, to] : channel_pairs) {
-      if (from != launch.rank) continue;
-      if (absl::Status s = runtime->PublishId(ChannelKey(pp.key, from, to)); !s.ok()) return s;
+    for (const Channel& c : channel_pairs) {
+      if (c.from != launch.rank) continue;
+      if (absl::Status s = runtime->PublishId(ChannelKey(c.group, c.from, c.to)); !s.ok()) return s;
     }
     std::vector<std::pair<ncclComm_t, std::string>> comms;
     for (Group& grp : groups) {
@@ -101,8 +106,8 @@ absl::StatusOr<ProcessGroups> CreateNcclProcessGroups(const LaunchInfo& launch,
       comms.push_back({grp.comm, grp.spec.key});
     }
     std::vector<NcclChannel*> channels;
-    for (const auto& [from, to] : channel_pairs) {
-      absl::StatusOr<NcclChannel*> ch = runtime->CreateChannel(pp.key, from, to);
+    for (const Channel& c : channel_pairs) {
+      absl::StatusOr<NcclChannel*> ch = runtime->CreateChannel(c.group, c.from, c.to);
       if (!ch.ok()) return ch.status();
       channels.push_back(*ch);
     }

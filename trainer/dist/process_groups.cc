@@ -55,6 +55,18 @@ std::vector<GroupSpec> GroupsOf(const RankCoords& c, const ParallelSizes& s) {
     }
   }
   g.push_back({absl::StrCat("mp-", c.cp, "-", c.ep, "-", c.dp), model, &ProcessGroups::model});
+  if (s.cp > 1) {
+    std::vector<int> dp_cp;
+    for (int d = 0; d < s.dp; ++d) {
+      for (int k = 0; k < s.cp; ++k) {
+        RankCoords o = c;
+        o.dp = d;
+        o.cp = k;
+        dp_cp.push_back(WorldRankOf(o, s));
+      }
+    }
+    g.push_back({absl::StrCat("dpcp-", c.tp, "-", c.ep, "-", c.pp), dp_cp, &ProcessGroups::dp_cp});
+  }
   if (s.pp > 1 && (c.pp == 0 || c.pp == s.pp - 1)) {
     g.push_back({absl::StrCat("emb-", c.tp, "-", c.cp, "-", c.ep, "-", c.dp),
                  {pp.front(), pp.back()},

@@ -1,5 +1,7 @@
 #include "trainer/reference/model.h"
 
+#include "trainer/reference/context_parallel_attention.h"
+
 namespace leantron::trainer {
 
 using reference::AttentionBlock;
@@ -7,7 +9,7 @@ using reference::MlpBlock;
 using reference::Norm;
 
 ReferenceModel::ReferenceModel(Ops* ops, const ckpt::ModelLayout& layout, Communicator* tp,
-                               ParamStore* params, int pp_rank, int virtual_chunk,
+                               Communicator* cp, ParamStore* params, int pp_rank, int virtual_chunk,
                                const ModelOptions& options)
     : ops_(ops),
       opt_(options),
@@ -19,8 +21,10 @@ ReferenceModel::ReferenceModel(Ops* ops, const ckpt::ModelLayout& layout, Commun
   ctx_.tp_size = tp->size();
   ctx_.sequence_parallel = opt_.sequence_parallel;
   ctx_.micro_batch = opt_.micro_batch;
-  ctx_.seq_length = opt_.seq_length;
-  ctx_.rows_full = opt_.micro_batch * opt_.seq_length;
+  ctx_.chunks = SequenceChunks{opt_.seq_length, cp->rank(), cp->size()};
+  ctx_.cp = cp;
+  ctx_.seq_length = ctx_.chunks.local_length();
+  ctx_.rows_full = opt_.micro_batch * ctx_.seq_length;
   ctx_.rows_local = opt_.sequence_parallel ? ctx_.rows_full / ctx_.tp_size : ctx_.rows_full;
   first_stage_ = pp_rank == 0 && virtual_chunk == 0;
   last_stage_ = pp_rank == p.pp - 1 && virtual_chunk == p.vpp - 1;
@@ -51,19 +55,40 @@ ReferenceModel::ReferenceModel(Ops* ops, const ckpt::ModelLayout& layout, Commun
   ws_.dfc1 = A(rows_full * fc1_width);
   ws_.dact = A(rows_full * ffn);
 
+  {
+    const SequenceChunks& c = ctx_.chunks;
+    std::vector<int32_t> chunk(c.size * ctx_.seq_length), rows(rows_full);
+    for (int r = 0; r < c.size; ++r)
+      for (int64_t t = 0; t < ctx_.seq_length; ++t)
+        chunk[r * ctx_.seq_length + t] =
+            static_cast<int32_t>(ChunkTokenPosition(t, c.seq_length, r, c.size));
+    for (int64_t row = 0; row < rows_full; ++row)
+      rows[row] = chunk[c.rank * ctx_.seq_length + row % ctx_.seq_length];
+    chunk_positions_ = AllocIds(chunk.size());
+    row_positions_ = AllocIds(rows.size());
+    ops->CopyFromHost(chunk_positions_, chunk.data(), chunk.size() * sizeof(int32_t));
+    ops->CopyFromHost(row_positions_, rows.data(), rows.size() * sizeof(int32_t));
+    ctx_.chunk_positions = chunk_positions_;
+  }
+
   layers_.reserve(last - first);
+  size_t attention_scratch = 0;
   for (int i = first; i < last; ++i) {
     const LayerSpec& ls = spec_.layers[i];
     const LayerShard shard = ShardOf(ls, ctx_.tp_size);
     LayerTensors<float> w;
     BindLayerTensors(&w, i, param, param, grad);
-    core_attention_.push_back(reference::MakeLocalAttention(ctx_, shard));
+    core_attention_.push_back(cp->size() > 1 ? reference::MakeContextParallelAttention(
+                                                   ctx_, ws_, shard, opt_.cp_comm_type)
+                                             : reference::MakeLocalAttention(ctx_, ws_, shard));
+    attention_scratch = std::max(attention_scratch, core_attention_.back()->scratch_elements());
     layers_.push_back(Layer{w, i - first < opt_.recompute_layers,
                             Norm(ctx_, ls.input_norm, h_, w.ln1_w, w.ln1_b, w.d_ln1_w, w.d_ln1_b),
                             Norm(ctx_, ls.pre_mlp_norm, h_, w.ln2_w, w.ln2_b, w.d_ln2_w, w.d_ln2_b),
                             AttentionBlock(ctx_, ws_, ls, shard, core_attention_.back().get(), w),
                             MlpBlock(ctx_, ws_, ls, shard, w)});
   }
+  ws_.attention = A(attention_scratch);
   stage_ = BindStageTensors<float>(*params, first_stage_, last_stage_, param, param, grad);
   if (first_stage_) {
     embedding_ =
@@ -94,16 +119,19 @@ float* ReferenceModel::A(size_t n) {
   return p;
 }
 
+int32_t* ReferenceModel::AllocIds(size_t n) {
+  void* p = ops_->AllocBytes(n * sizeof(int32_t));
+  byte_allocations_.push_back(p);
+  return static_cast<int32_t*>(p);
+}
+
 ReferenceModel::Slot& ReferenceModel::GetSlot(int index) {
   if (index < static_cast<int>(slots_.size()) && slots_[index]) return *slots_[index];
   if (index >= static_cast<int>(slots_.size())) slots_.resize(index + 1);
   auto s = std::make_unique<Slot>();
   const int64_t rows_full = ctx_.rows_full, rows_local = ctx_.rows_local;
-  for (int32_t** ids : {&s->tokens, &s->labels}) {
-    void* p = ops_->AllocBytes(rows_full * sizeof(int32_t));
-    byte_allocations_.push_back(p);
-    *ids = static_cast<int32_t*>(p);
-  }
+  s->tokens = AllocIds(rows_full);
+  s->labels = AllocIds(rows_full);
   for (size_t l = 0; l <= layers_.size(); ++l) s->hidden.push_back(A(rows_local * h_));
   for (const Layer& layer : layers_) {
     if (layer.recompute) {
@@ -135,12 +163,12 @@ ReferenceModel::LayerActs ReferenceModel::MakeLayerActs() {
   a.ln1_stats = {A(rows_local), A(rows_local)};
   a.attention.x_full = sp ? A(rows_full * h_) : a.ln1;
   a.attention.qkv = A(rows_full * shard.qkv_width);
-  const size_t probs = opt_.micro_batch * shard.heads * opt_.seq_length * opt_.seq_length;
+  const size_t core = core_attention_.front()->saved_elements();
   if (opt_.recompute_attention) {
-    if (shared_probs_ == nullptr) shared_probs_ = A(probs);
-    a.attention.probs = shared_probs_;
+    if (shared_core_ == nullptr) shared_core_ = A(core);
+    a.attention.core = shared_core_;
   } else {
-    a.attention.probs = A(probs);
+    a.attention.core = A(core);
   }
   a.attention.attn = A(rows_full * shard.attn_width);
   a.mid = A(rows_local * h_);
@@ -159,6 +187,8 @@ HiddenDropout ReferenceModel::HiddenDrop(const MicroBatch& mb, int layer, int si
   d.first_sample = mb.first_sample;
   d.seq_length = opt_.seq_length;
   d.row_offset = ctx_.row_offset();
+  d.cp_rank = ctx_.chunks.rank;
+  d.cp_size = ctx_.chunks.size;
   return d;
 }
 
@@ -173,6 +203,18 @@ AttentionDropout ReferenceModel::AttnDrop(const MicroBatch& mb, int layer) const
   return d;
 }
 
+const int32_t* ReferenceModel::Positions(const Slot& s) const {
+  return s.mb.positions.empty() ? row_positions_ : s.positions;
+}
+
+reference::AttentionInputs ReferenceModel::AttnInputs(const Slot& s, int layer) const {
+  reference::AttentionInputs in;
+  in.dropout = AttnDrop(s.mb, layer);
+  in.positions = Positions(s);
+  in.documents = s.mb.documents.empty() ? nullptr : s.documents;
+  return in;
+}
+
 void ReferenceModel::LayerForward(Slot& s, int l) {
   const Layer& layer = layers_[l];
   const int g = layer.w.global_index;
@@ -181,7 +223,7 @@ void ReferenceModel::LayerForward(Slot& s, int l) {
   float* y = s.hidden[l + 1];
   const int64_t n_local = ctx_.rows_local * h_;
   layer.input_norm.Forward(a.ln1, a.ln1_stats, x);
-  layer.attention.Forward(a.mid, a.ln1, a.attention, AttnDrop(s.mb, g));
+  layer.attention.Forward(a.mid, a.ln1, a.attention, AttnInputs(s, g));
   ops_->Dropout(a.mid, ctx_.rows_local, h_, HiddenDrop(s.mb, g, 1));
   ops_->AddInPlace(a.mid, x, n_local);
   layer.pre_mlp_norm.Forward(a.ln2, a.ln2_stats, a.mid);
@@ -198,7 +240,7 @@ void ReferenceModel::LayerBackward(Slot& s, int l) {
     LayerForward(s, l);  // rewrites the shared activations and, identically, hidden[l + 1]
     ++recomputed_layers_;
   } else if (opt_.recompute_attention) {
-    layer.attention.RecomputeProbs(a.attention, AttnDrop(s.mb, g));
+    layer.attention.RecomputeCore(a.attention, AttnInputs(s, g));
     ++recomputed_softmaxes_;
   }
   const int64_t n_local = ctx_.rows_local * h_;
@@ -210,7 +252,7 @@ void ReferenceModel::LayerBackward(Slot& s, int l) {
   layer.pre_mlp_norm.Backward(dhidden_, dtmp_, a.ln2_stats, a.mid);
   ops_->Copy(dtmp_, dhidden_, n_local);
   ops_->Dropout(dtmp_, ctx_.rows_local, h_, HiddenDrop(s.mb, g, 1));
-  layer.attention.Backward(dtmp_, dtmp_, a.attention, AttnDrop(s.mb, g));
+  layer.attention.Backward(dtmp_, dtmp_, a.attention, AttnInputs(s, g));
   layer.input_norm.Backward(dhidden_, dtmp_, a.ln1_stats, s.hidden[l]);
 }
 
@@ -225,6 +267,13 @@ float ReferenceModel::HeadForward(Slot& s) {
     if (s.mb.labels[r] < 0) continue;
     sum += host_rows_[r];
     ++count;
+  }
+  if (ctx_.chunks.size > 1) {
+    // The mean over every token of the micro-batch's samples, whichever CP rank holds it.
+    double totals[2] = {sum, static_cast<double>(count)};
+    ctx_.cp->AllReduceSumDouble(totals, 2);
+    sum = totals[0];
+    count = static_cast<int64_t>(totals[1]);
   }
   s.loss_tokens = count;
   return count > 0 ? static_cast<float>(sum / count) : 0.0f;
@@ -244,9 +293,18 @@ float ReferenceModel::Forward(int slot, const MicroBatch& mb, const float* input
   s.mb = mb;
   ops_->CopyFromHost(s.tokens, mb.tokens.data(), ctx_.rows_full * sizeof(int32_t));
   ops_->CopyFromHost(s.labels, mb.labels.data(), ctx_.rows_full * sizeof(int32_t));
+  if (!mb.positions.empty()) {
+    if (s.positions == nullptr) s.positions = AllocIds(ctx_.rows_full);
+    ops_->CopyFromHost(s.positions, mb.positions.data(), ctx_.rows_full * sizeof(int32_t));
+  }
+  if (!mb.documents.empty()) {
+    const size_t n = opt_.micro_batch * opt_.seq_length;
+    if (s.documents == nullptr) s.documents = AllocIds(n);
+    ops_->CopyFromHost(s.documents, mb.documents.data(), n * sizeof(int32_t));
+  }
   Notify([](ModelEvents& e) { e.WeightsNeeded(-1); });
   if (first_stage_) {
-    embedding_->Forward(s.hidden[0], s.tokens, HiddenDrop(s.mb, -1, 0));
+    embedding_->Forward(s.hidden[0], s.tokens, Positions(s), HiddenDrop(s.mb, -1, 0));
   } else {
     ops_->Copy(s.hidden[0], input, ctx_.rows_local * h_);
   }
@@ -271,7 +329,9 @@ void ReferenceModel::Backward(int slot, const float* doutput, float loss_scale) 
     LayerBackward(s, l);
     Notify([&](ModelEvents& e) { e.LayerBackwardDone(l); });
   }
-  if (first_stage_) embedding_->Backward(dhidden_, s.tokens, HiddenDrop(s.mb, -1, 0));
+  if (first_stage_) {
+    embedding_->Backward(dhidden_, s.tokens, Positions(s), HiddenDrop(s.mb, -1, 0));
+  }
   Notify([](ModelEvents& e) { e.BackwardDone(); });
 }
 

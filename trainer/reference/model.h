@@ -3,7 +3,9 @@
 //   mid = x + dropout(attention(norm1(x)));  y = mid + dropout(mlp(norm2(mid)))
 // composed of the modules in modules.h, plus the embedding on the first stage and the final norm
 // and output head on the last. Every backend of `Ops` runs it (cpu, cuda); every layout (DP, TP,
-// SP, PP, interleaved PP) through the Communicator it is given. Activations live in numbered slots
+// SP, CP, PP, interleaved PP) through the Communicators it is given. With context parallelism
+// its rows are this CP rank's chunks of each sample; core attention is the context-parallel one
+// and the loss is averaged over every CP rank's tokens. Activations live in numbered slots
 // so a pipeline schedule can keep several micro-batches in flight. It fires the ModelEvents every
 // model fires; on the CPU the optimizer reduces over DP after the backward, so nobody listens.
 #pragma once
@@ -25,8 +27,9 @@ namespace leantron::trainer {
 class ReferenceModel : public StageModel {
  public:
   // `virtual_chunk`: which of this stage's model chunks (interleaved schedule; 0 otherwise).
-  ReferenceModel(Ops* ops, const ckpt::ModelLayout& layout, Communicator* tp, ParamStore* params,
-                 int pp_rank, int virtual_chunk, const ModelOptions& options);
+  // `cp`: the context-parallel group (a group of one without CP).
+  ReferenceModel(Ops* ops, const ckpt::ModelLayout& layout, Communicator* tp, Communicator* cp,
+                 ParamStore* params, int pp_rank, int virtual_chunk, const ModelOptions& options);
   ~ReferenceModel();
   ReferenceModel(const ReferenceModel&) = delete;
   ReferenceModel& operator=(const ReferenceModel&) = delete;
@@ -65,9 +68,11 @@ class ReferenceModel : public StageModel {
     reference::MlpBlock::Saved mlp;
   };
   struct Slot {
-    MicroBatch mb;               // host copy (loss counting)
-    int32_t *tokens, *labels;    // backend copies
-    std::vector<float*> hidden;  // [layers + 1] residual stream, this rank's rows
+    MicroBatch mb;                 // host copy (loss counting)
+    int32_t *tokens, *labels;      // backend copies
+    int32_t* positions = nullptr;  // backend copy of mb.positions (allocated when first given)
+    int32_t* documents = nullptr;  // backend copy of mb.documents (likewise)
+    std::vector<float*> hidden;    // [layers + 1] residual stream, this rank's rows
     std::vector<LayerActs> layers;
     float* lnf = nullptr;
     reference::Norm::Saved lnf_stats;
@@ -80,6 +85,9 @@ class ReferenceModel : public StageModel {
   float* A(size_t n);  // backend allocation, freed with the model
   HiddenDropout HiddenDrop(const MicroBatch& mb, int layer, int site) const;
   AttentionDropout AttnDrop(const MicroBatch& mb, int layer) const;
+  reference::AttentionInputs AttnInputs(const Slot& s, int layer) const;
+  const int32_t* Positions(const Slot& s) const;
+  int32_t* AllocIds(size_t n);  // backend int32 memory, freed with the model
   void LayerForward(Slot& s, int l);
   void LayerBackward(Slot& s, int l);
   float HeadForward(Slot& s);
@@ -100,10 +108,14 @@ class ReferenceModel : public StageModel {
   std::unique_ptr<reference::Norm> final_norm_;      // last stage
   std::unique_ptr<reference::OutputHead> head_;      // last stage
   std::vector<std::unique_ptr<Slot>> slots_;
-  // Shared by every slot: the activations of recomputed layers, and the softmax matrix under
-  // selective recomputation (nullptr until first needed).
+  // Shared by every slot: the activations of recomputed layers, and what core attention keeps
+  // (the softmax matrix, or its log-sum-exp) under selective recomputation (nullptr until first
+  // needed).
   std::unique_ptr<LayerActs> recomputed_acts_;
-  float* shared_probs_ = nullptr;
+  float* shared_core_ = nullptr;
+  // Positions of every CP rank's tokens ([CP, local sequence]) and of this rank's rows
+  // ([rows_full]: its tokens' positions, sample after sample): backend memory.
+  int32_t *chunk_positions_ = nullptr, *row_positions_ = nullptr;
   std::vector<float*> allocations_;
   std::vector<void*> byte_allocations_;
   float *dhidden_, *dtmp_;        // residual-stream gradient and a branch's, this rank's rows

@@ -55,54 +55,113 @@ void Norm::Backward(float* dx, const float* dy, const Saved& s, const float* x) 
   }
 }
 
+void SplitKeysValues(Ops& ops, float* kv, const float* qkv, int64_t rows, int64_t heads,
+                     int64_t groups, int64_t head_dim) {
+  const int64_t per = heads / groups, row = (heads + 2 * groups) * head_dim;
+  for (int64_t g = 0; g < groups; ++g) {
+    ops.Copy2D(kv + g * 2 * head_dim, groups * 2 * head_dim, qkv + (g * (per + 2) + per) * head_dim,
+               row, rows, 2 * head_dim);
+  }
+}
+
+void MergeKeyValueGrad(Ops& ops, float* dqkv, const float* dkv, int64_t rows, int64_t heads,
+                       int64_t groups, int64_t head_dim) {
+  const int64_t per = heads / groups, row = (heads + 2 * groups) * head_dim;
+  for (int64_t g = 0; g < groups; ++g) {
+    ops.Copy2D(dqkv + (g * (per + 2) + per) * head_dim, row, dkv + g * 2 * head_dim,
+               groups * 2 * head_dim, rows, 2 * head_dim);
+  }
+}
+
 namespace {
 class LocalAttention final : public CoreAttention {
  public:
-  LocalAttention(const Context& ctx, const LayerShard& shard) : ctx_(ctx), shard_(shard) {}
-  void Forward(float* out, float* probs, const float* qkv, const AttentionDropout& drop) override {
-    ctx_.ops->AttentionForward(out, probs, qkv, ctx_.micro_batch, ctx_.seq_length, shard_.heads,
-                               shard_.groups, shard_.head_dim, drop);
+  LocalAttention(const Context& ctx, Workspace& ws, const LayerShard& shard)
+      : ctx_(ctx), ws_(ws), shard_(shard) {}
+  size_t saved_elements() const override {
+    return static_cast<size_t>(ctx_.micro_batch) * shard_.heads * ctx_.seq_length * ctx_.seq_length;
   }
-  void Backward(float* dqkv, const float* dout, const float* qkv, const float* probs,
-                const AttentionDropout& drop) override {
-    ctx_.ops->AttentionBackward(dqkv, dout, qkv, probs, ctx_.micro_batch, ctx_.seq_length,
-                                shard_.heads, shard_.groups, shard_.head_dim, drop);
+  size_t scratch_elements() const override { return 2 * kv_elements(); }
+  void Forward(float* out, float* saved, const float* qkv, const AttentionInputs& in) override {
+    if (in.documents == nullptr) {
+      ctx_.ops->AttentionForward(out, saved, qkv, ctx_.micro_batch, ctx_.seq_length, shard_.heads,
+                                 shard_.groups, shard_.head_dim, in.dropout);
+      return;
+    }
+    float* kv = ws_.attention;
+    SplitKeysValues(*ctx_.ops, kv, qkv, ctx_.rows_full, shard_.heads, shard_.groups,
+                    shard_.head_dim);
+    ctx_.ops->BlockAttentionForward(out, saved, qkv, kv, Block(in), in.dropout, false);
+  }
+  void Backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                const float* saved, const AttentionInputs& in) override {
+    if (in.documents == nullptr) {
+      ctx_.ops->AttentionBackward(dqkv, dout, qkv, saved, ctx_.micro_batch, ctx_.seq_length,
+                                  shard_.heads, shard_.groups, shard_.head_dim, in.dropout);
+      return;
+    }
+    float *kv = ws_.attention, *dkv = ws_.attention + kv_elements();
+    SplitKeysValues(*ctx_.ops, kv, qkv, ctx_.rows_full, shard_.heads, shard_.groups,
+                    shard_.head_dim);
+    ctx_.ops->Zero(dkv, kv_elements());
+    ctx_.ops->Zero(dqkv, ctx_.rows_full * shard_.qkv_width);
+    ctx_.ops->BlockAttentionBackward(dqkv, dkv, dout, out, saved, qkv, kv, Block(in), in.dropout);
+    MergeKeyValueGrad(*ctx_.ops, dqkv, dkv, ctx_.rows_full, shard_.heads, shard_.groups,
+                      shard_.head_dim);
   }
 
  private:
+  size_t kv_elements() const {
+    return static_cast<size_t>(ctx_.rows_full) * shard_.groups * 2 * shard_.head_dim;
+  }
+  BlockAttentionArgs Block(const AttentionInputs& in) const {
+    const int32_t* pos = ctx_.positions_of(0);
+    return BlockAttentionArgs{ctx_.micro_batch,
+                              ctx_.seq_length,
+                              ctx_.seq_length,
+                              shard_.heads,
+                              shard_.groups,
+                              shard_.head_dim,
+                              ctx_.chunks.seq_length,
+                              pos,
+                              pos,
+                              in.documents};
+  }
   const Context& ctx_;
+  Workspace& ws_;
   LayerShard shard_;
 };
 }  // namespace
 
-std::unique_ptr<CoreAttention> MakeLocalAttention(const Context& ctx, const LayerShard& shard) {
-  return std::make_unique<LocalAttention>(ctx, shard);
+std::unique_ptr<CoreAttention> MakeLocalAttention(const Context& ctx, Workspace& ws,
+                                                  const LayerShard& shard) {
+  return std::make_unique<LocalAttention>(ctx, ws, shard);
 }
 
-void AttentionBlock::Rope(float* qkv, bool inverse) const {
+void AttentionBlock::Rope(float* qkv, const AttentionInputs& in, bool inverse) const {
   if (!spec_.rope) return;
   ctx_.ops->Rope(qkv, ctx_.micro_batch, ctx_.seq_length, shard_.heads, shard_.groups,
-                 shard_.head_dim, inv_freq_, inverse);
+                 shard_.head_dim, inv_freq_, inverse, in.positions, ctx_.chunks.seq_length);
 }
 
 void AttentionBlock::Forward(float* y, const float* x, const Saved& s,
-                             const AttentionDropout& drop) const {
+                             const AttentionInputs& in) const {
   qkv_.Forward(s.qkv, x, s.x_full);
-  Rope(s.qkv, /*inverse=*/false);
-  core_->Forward(s.attn, s.probs, s.qkv, drop);
+  Rope(s.qkv, in, /*inverse=*/false);
+  core_->Forward(s.attn, s.core, s.qkv, in);
   proj_.Forward(y, s.attn);
 }
 
-void AttentionBlock::RecomputeProbs(const Saved& s, const AttentionDropout& drop) const {
+void AttentionBlock::RecomputeCore(const Saved& s, const AttentionInputs& in) const {
   // The output, already kept in s.attn, lands in scratch.
-  core_->Forward(ws_.dattn, s.probs, s.qkv, drop);
+  core_->Forward(ws_.dattn, s.core, s.qkv, in);
 }
 
 void AttentionBlock::Backward(float* dx, const float* dy, const Saved& s,
-                              const AttentionDropout& drop) const {
+                              const AttentionInputs& in) const {
   proj_.Backward(ws_.dattn, dy, s.attn);
-  core_->Backward(ws_.dqkv, ws_.dattn, s.qkv, s.probs, drop);
-  Rope(ws_.dqkv, /*inverse=*/true);
+  core_->Backward(ws_.dqkv, ws_.dattn, s.qkv, s.attn, s.core, in);
+  Rope(ws_.dqkv, in, /*inverse=*/true);
   qkv_.Backward(dx, ws_.dqkv, s.x_full);
 }
 
@@ -137,30 +196,26 @@ Embedding::Embedding(const Context& ctx, Workspace& ws, int64_t hidden, int64_t 
       word_(word),
       positions_(positions),
       dword_(dword),
-      dpositions_(dpositions) {
-  std::vector<int32_t> ids(ctx.rows_local);
-  for (int64_t r = 0; r < ctx.rows_local; ++r)
-    ids[r] = static_cast<int32_t>((ctx.row_offset() + r) % ctx.seq_length);
-  position_ids_ = static_cast<int32_t*>(ctx.ops->AllocBytes(ids.size() * sizeof(int32_t)));
-  ctx.ops->CopyFromHost(position_ids_, ids.data(), ids.size() * sizeof(int32_t));
-}
+      dpositions_(dpositions) {}
 
-Embedding::~Embedding() { ctx_.ops->FreeBytes(position_ids_); }
-
-void Embedding::Forward(float* y, const int32_t* tokens, const HiddenDropout& drop) const {
+void Embedding::Forward(float* y, const int32_t* tokens, const int32_t* positions,
+                        const HiddenDropout& drop) const {
   const int64_t vocab_begin = ctx_.tp_rank * vocab_local_;
   ctx_.ops->EmbeddingForward(ws_.tmp_full, tokens, word_, ctx_.rows_full, h_, vocab_begin,
                              vocab_begin + vocab_local_);
   TensorParallelRows(ctx_).Reduce(ws_.tmp_full, y, h_);
-  if (positions_ != nullptr)
-    ctx_.ops->PositionForward(y, position_ids_, positions_, ctx_.rows_local, h_);
+  if (positions_ != nullptr) {
+    ctx_.ops->PositionForward(y, positions + ctx_.row_offset(), positions_, ctx_.rows_local, h_);
+  }
   ctx_.ops->Dropout(y, ctx_.rows_local, h_, drop);
 }
 
-void Embedding::Backward(float* dy, const int32_t* tokens, const HiddenDropout& drop) const {
+void Embedding::Backward(float* dy, const int32_t* tokens, const int32_t* positions,
+                         const HiddenDropout& drop) const {
   ctx_.ops->Dropout(dy, ctx_.rows_local, h_, drop);
-  if (dpositions_ != nullptr)
-    ctx_.ops->PositionBackward(dpositions_, dy, position_ids_, ctx_.rows_local, h_);
+  if (dpositions_ != nullptr) {
+    ctx_.ops->PositionBackward(dpositions_, dy, positions + ctx_.row_offset(), ctx_.rows_local, h_);
+  }
   const float* d = TensorParallelRows(ctx_).Gather(dy, ws_.dfull, h_);
   const int64_t vocab_begin = ctx_.tp_rank * vocab_local_;
   ctx_.ops->EmbeddingBackward(dword_, d, tokens, ctx_.rows_full, h_, vocab_begin,

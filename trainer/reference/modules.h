@@ -5,14 +5,17 @@
 //   RowParallelLinear     columns of W split: partial sums reduced (all-reduce or, under SP,
 //                         reduce-scatter), bias added once after
 //   Norm                  LayerNorm or RMSNorm
-//   CoreAttention         causal softmax attention of this rank's heads (Ops; context
-//                         parallelism will wrap it)
+//   CoreAttention         causal softmax attention of this rank's heads: LocalAttention (the
+//                         whole sequence here; documents masked with --reset-attention-mask) or
+//                         context_parallel_attention.h's, which meets the other CP ranks' tokens
 //   AttentionBlock        linear_qkv → RoPE → core attention → linear_proj
 //   MlpBlock              linear_fc1 → GELU or SwiGLU → linear_fc2
 //   Embedding             vocabulary-parallel word embedding (+ learned positions) and dropout
 //   OutputHead            vocabulary-parallel output layer and cross-entropy
-// Rows are tokens in [batch, sequence] order. "Local" rows are this rank's (all of them without
-// sequence parallelism, a 1/TP block with it); "full" rows are every token of the micro-batch.
+// Rows are tokens in [batch, sequence] order, the sequence being this CP rank's chunks of each
+// sample (the whole sample without context parallelism). "Local" rows are this rank's (all of
+// them without sequence parallelism, a 1/TP block with it); "full" rows are every token of the
+// micro-batch on this CP rank.
 // Modules hold no activations: the caller passes each micro-batch's saved tensors, so a pipeline
 // schedule can keep several in flight. Scratch shared by all modules (one backward at a time)
 // lives in Workspace. Gradients accumulate (+=) into the ParamStore's buffer.
@@ -22,32 +25,53 @@
 #include <memory>
 #include <vector>
 
+#include "trainer/core/context_parallel.h"
 #include "trainer/core/layer_spec.h"
 #include "trainer/dist/comm.h"
 #include "trainer/reference/ops.h"
 
 namespace leantron::trainer::reference {
 
-// Where the modules run: the backend, the tensor-parallel group and the micro-batch's rows.
+// Where the modules run: the backend, the tensor- and context-parallel groups and the
+// micro-batch's rows.
 struct Context {
   Ops* ops = nullptr;
   Communicator* tp = nullptr;
   int tp_rank = 0, tp_size = 1;
   bool sequence_parallel = false;
-  int64_t micro_batch = 1, seq_length = 0;
+  int64_t micro_batch = 1;
+  int64_t seq_length = 0;      // tokens of each sample on this rank (chunks.local_length())
+  SequenceChunks chunks;       // this CP rank's chunks of a sample (all of it without CP)
+  Communicator* cp = nullptr;  // the context-parallel group (a group of one without CP)
+  // [CP, seq_length]: the positions in the sample of every CP rank's tokens, rank by rank
+  // (backend memory; 0..seq_length−1 without CP).
+  const int32_t* chunk_positions = nullptr;
   int64_t rows_full = 0, rows_local = 0;
   int64_t row_offset() const { return sequence_parallel ? tp_rank * rows_local : 0; }
+  const int32_t* positions_of(int cp_rank) const { return chunk_positions + cp_rank * seq_length; }
+};
+
+// What attention needs to know of a micro-batch besides its activations.
+struct AttentionInputs {
+  AttentionDropout dropout;
+  // [rows_full] each row's position in its sample (RoPE; restarting at documents with
+  // --reset-position-ids), backend memory.
+  const int32_t* positions = nullptr;
+  // [micro_batch, chunks.seq_length] the document of every token of the whole samples
+  // (--reset-attention-mask), backend memory; null: causal attention over whole samples.
+  const int32_t* documents = nullptr;
 };
 
 // Scratch shared by every module of a stage, sized for the widest layer.
 struct Workspace {
-  float* tmp_full = nullptr;  // [rows_full, h]: row-parallel partial sums, embedding lookups
-  float* dfull = nullptr;     // [rows_full, h]: gathered output gradients
-  float* dfull2 = nullptr;    // [rows_full, h]: input gradients before their TP reduction
-  float* dqkv = nullptr;      // [rows_full, qkv_width]
-  float* dattn = nullptr;     // [rows_full, attn_width]
-  float* dfc1 = nullptr;      // [rows_full, fc1_width]
-  float* dact = nullptr;      // [rows_full, ffn]
+  float* tmp_full = nullptr;   // [rows_full, h]: row-parallel partial sums, embedding lookups
+  float* dfull = nullptr;      // [rows_full, h]: gathered output gradients
+  float* dfull2 = nullptr;     // [rows_full, h]: input gradients before their TP reduction
+  float* dqkv = nullptr;       // [rows_full, qkv_width]
+  float* dattn = nullptr;      // [rows_full, attn_width]
+  float* dfc1 = nullptr;       // [rows_full, fc1_width]
+  float* dact = nullptr;       // [rows_full, ffn]
+  float* attention = nullptr;  // core attention's scratch (CoreAttention::scratch_elements)
 };
 
 class TensorParallelRows {
@@ -122,24 +146,40 @@ class Norm {
 };
 
 // Causal self-attention over this rank's heads of qkv [B, T, qkv_width] (Megatron-Core's grouped
-// layout) into out [B, T, heads·D], keeping the softmax in probs [B, heads, T, T].
+// layout, T = this rank's tokens of each sample) into out [B, T, heads·D], keeping what its
+// backward needs in `saved` (the softmax, or the log-sum-exp and what the attention moved).
 class CoreAttention {
  public:
   virtual ~CoreAttention() = default;
-  virtual void Forward(float* out, float* probs, const float* qkv,
-                       const AttentionDropout& dropout) = 0;
-  // dqkv written.
-  virtual void Backward(float* dqkv, const float* dout, const float* qkv, const float* probs,
-                        const AttentionDropout& dropout) = 0;
+  // Floats of `saved` per micro-batch, and of Workspace::attention it uses while it runs.
+  virtual size_t saved_elements() const = 0;
+  virtual size_t scratch_elements() const = 0;
+  virtual void Forward(float* out, float* saved, const float* qkv, const AttentionInputs& in) = 0;
+  // dqkv written, from the forward's qkv, out and saved.
+  virtual void Backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* saved, const AttentionInputs& in) = 0;
 };
-// The whole sequence on this rank, through Ops::AttentionForward/Backward.
-std::unique_ptr<CoreAttention> MakeLocalAttention(const Context& ctx, const LayerShard& shard);
+// The whole sequence on this rank: Ops::AttentionForward/Backward (the softmax kept), or with
+// documents Ops::BlockAttentionForward/Backward over the sample's positions (its log-sum-exp
+// kept).
+std::unique_ptr<CoreAttention> MakeLocalAttention(const Context& ctx, Workspace& ws,
+                                                  const LayerShard& shard);
+
+// The key and value heads of qkv [rows, (heads + 2·groups)·D] into kv [rows, groups·2·D] (the
+// layout the block attention ops read), and the inverse for gradients: dkv written into dqkv's
+// key and value slots.
+void SplitKeysValues(Ops& ops, float* kv, const float* qkv, int64_t rows, int64_t heads,
+                     int64_t groups, int64_t head_dim);
+void MergeKeyValueGrad(Ops& ops, float* dqkv, const float* dkv, int64_t rows, int64_t heads,
+                       int64_t groups, int64_t head_dim);
 
 class AttentionBlock {
  public:
   struct Saved {
     float* x_full = nullptr;  // the gathered input (the input itself without SP)
-    float *qkv = nullptr, *probs = nullptr, *attn = nullptr;
+    float* qkv = nullptr;
+    float* core = nullptr;  // what core attention keeps (CoreAttention::saved_elements)
+    float* attn = nullptr;
   };
   // `w` holds the layer's tensors (params.h BindLayerTensors names).
   template <typename W>
@@ -155,14 +195,14 @@ class AttentionBlock {
         inv_freq_(RopeInverseFrequencies(spec.attention.rotary_base, spec.attention.head_dim,
                                          spec.attention.rope_scaling)) {}
   // y: this rank's rows of the block's output (before dropout and the residual).
-  void Forward(float* y, const float* x, const Saved& s, const AttentionDropout& drop) const;
-  // Rebuilds the softmax in s.probs (selective recomputation).
-  void RecomputeProbs(const Saved& s, const AttentionDropout& drop) const;
+  void Forward(float* y, const float* x, const Saved& s, const AttentionInputs& in) const;
+  // Rebuilds what core attention keeps in s.core (selective recomputation).
+  void RecomputeCore(const Saved& s, const AttentionInputs& in) const;
   // dx (this rank's rows, written) from dy (this rank's rows; may alias dx).
-  void Backward(float* dx, const float* dy, const Saved& s, const AttentionDropout& drop) const;
+  void Backward(float* dx, const float* dy, const Saved& s, const AttentionInputs& in) const;
 
  private:
-  void Rope(float* qkv, bool inverse) const;
+  void Rope(float* qkv, const AttentionInputs& in, bool inverse) const;
   const Context& ctx_;
   Workspace& ws_;
   AttentionSpec spec_;
@@ -206,10 +246,12 @@ class Embedding {
  public:
   Embedding(const Context& ctx, Workspace& ws, int64_t hidden, int64_t vocab_local,
             const float* word, const float* positions, float* dword, float* dpositions);
-  ~Embedding();
-  void Forward(float* y, const int32_t* tokens, const HiddenDropout& drop) const;
+  // `positions` [rows_full]: each row's position in its sample (backend memory).
+  void Forward(float* y, const int32_t* tokens, const int32_t* positions,
+               const HiddenDropout& drop) const;
   // dy is this rank's rows of the output gradient; dropout is undone in place.
-  void Backward(float* dy, const int32_t* tokens, const HiddenDropout& drop) const;
+  void Backward(float* dy, const int32_t* tokens, const int32_t* positions,
+                const HiddenDropout& drop) const;
 
  private:
   const Context& ctx_;
@@ -217,7 +259,6 @@ class Embedding {
   int64_t h_, vocab_local_;
   const float *word_, *positions_;
   float *dword_, *dpositions_;
-  int32_t* position_ids_ = nullptr;  // this rank's rows' positions (backend memory)
 };
 
 // Output layer (vocabulary-parallel, no bias) and softmax cross-entropy over all rows.

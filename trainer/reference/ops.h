@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "trainer/core/context_parallel.h"
 
 namespace leantron::trainer {
 
@@ -25,16 +26,42 @@ struct HiddenDropout {
   float p = 0.0f;
   uint64_t seed = 0;
   int64_t first_sample = 0;  // global index of the micro-batch's first sample
-  int64_t seq_length = 0;
-  int64_t row_offset = 0;  // rows before this shard (sequence parallelism)
+  int64_t seq_length = 0;    // tokens of a whole sample
+  int64_t row_offset = 0;    // rows before this shard (sequence parallelism)
+  // Context parallelism: the rows are CP rank cp_rank's chunks of each sample (seq_length/cp_size
+  // rows per sample), each element dropped as at its position in the whole sample.
+  int cp_rank = 0, cp_size = 1;
 };
+// Where row r of a [rows, cols] activation under `d` sits: its sample's offset from first_sample
+// and its position in the whole sample.
+LEANTRON_HOST_DEVICE inline void DropoutRowPlace(const HiddenDropout& d, int64_t r, int64_t* sample,
+                                                 int64_t* position) {
+  const int64_t local_length = d.seq_length / d.cp_size;
+  const int64_t row = d.row_offset + r;
+  *sample = d.first_sample + row / local_length;
+  *position = ChunkTokenPosition(row % local_length, d.seq_length, d.cp_rank, d.cp_size);
+}
 
 struct AttentionDropout {
   float p = 0.0f;
   uint64_t seed = 0;
   int64_t first_sample = 0;
-  int64_t head_offset = 0;  // global index of this rank's first head (tensor parallelism)
+  int64_t head_offset = 0;  // global index of this rank's first head (TP; CP's head split)
   int64_t total_heads = 0;
+};
+
+// One block of attention between queries and keys that need not be contiguous in their sample:
+// context parallelism's blocks and document-masked (packed) sequences. Query token i sits at
+// position query_pos[i] of its sample, key token j at key_pos[j]; query i sees key j when
+// key_pos[j] <= query_pos[i] and, with documents, both belong to the same document.
+struct BlockAttentionArgs {
+  int64_t batch = 1;
+  int64_t queries = 0, keys = 0;  // tokens per sample in this block
+  int64_t heads = 0, groups = 0, head_dim = 0;
+  int64_t seq_length = 0;              // tokens of a whole sample (positions are below it)
+  const int32_t* query_pos = nullptr;  // [queries], backend memory
+  const int32_t* key_pos = nullptr;    // [keys], backend memory
+  const int32_t* documents = nullptr;  // [batch, seq_length] each token's document, or null
 };
 
 // Reduction across the vocabulary shards of a vocab-parallel cross-entropy (identity without TP).
@@ -88,11 +115,13 @@ class Ops {
   virtual void SwigluForward(float* out, const float* in, int64_t rows, int64_t width) = 0;
   virtual void SwigluBackward(float* din, const float* dout, const float* in, int64_t rows,
                               int64_t width) = 0;
-  // Rotary embedding (rotate-half, position = index in the sequence) on the queries and keys of
-  // qkv in place, by the frequencies `inv_freq` [head_dim/2] (RopeInverseFrequencies); `inverse`
-  // applies the transpose, which is the backward.
+  // Rotary embedding (rotate-half) on the queries and keys of qkv [batch·seq rows] in place, by the
+  // frequencies `inv_freq` [head_dim/2] (RopeInverseFrequencies); `inverse` applies the transpose,
+  // which is the backward. Row r's position is positions[r] (backend memory, each below
+  // `positions_bound`), or with positions null its index in the sequence (r mod seq).
   virtual void Rope(float* qkv, int64_t batch, int64_t seq, int64_t heads, int64_t groups,
-                    int64_t head_dim, const std::vector<double>& inv_freq, bool inverse) = 0;
+                    int64_t head_dim, const std::vector<double>& inv_freq, bool inverse,
+                    const int32_t* positions, int64_t positions_bound) = 0;
 
   // GELU, erf form (Megatron's default) or tanh form (--openai-gelu). din = (not +=).
   virtual void GeluForward(float* out, const float* in, size_t n, bool tanh_approx) = 0;
@@ -110,6 +139,29 @@ class Ops {
                                  const float* probs, int64_t batch, int64_t seq, int64_t heads,
                                  int64_t groups, int64_t head_dim,
                                  const AttentionDropout& dropout) = 0;
+
+  // Attention of one block (BlockAttentionArgs): queries from qkv [B, queries, (heads +
+  // 2·groups)·D] (the query slots of Megatron-Core's grouped layout), keys and values from kv [B,
+  // keys, groups·2·D] (per group its key head, then its value head). Writes out [B, queries,
+  // heads·D] and lse [B, heads, queries], the log-sum-exp of the scores of the keys the block shows
+  // each query (−inf, and a zero output, where it shows none). With `merge`, (out, lse) already
+  // hold the attention over other keys and become the attention over all of them (the online
+  // softmax of flash attention; ring attention's merge). Dropout (its mask indexed by positions in
+  // the whole sample, seq_length) applies to the normalised probabilities, so merging commutes with
+  // it.
+  virtual void BlockAttentionForward(float* out, float* lse, const float* qkv, const float* kv,
+                                     const BlockAttentionArgs& args,
+                                     const AttentionDropout& dropout, bool merge) = 0;
+  // One block's share of the gradient, given the whole attention's `out` and `lse` (over every
+  // block) and dout: dqkv's query slots += dq and dkv += [dk, dv] (the probabilities recomputed as
+  // exp(score − lse), as flash attention's backward does).
+  virtual void BlockAttentionBackward(float* dqkv, float* dkv, const float* dout, const float* out,
+                                      const float* lse, const float* qkv, const float* kv,
+                                      const BlockAttentionArgs& args,
+                                      const AttentionDropout& dropout) = 0;
+  // dst[r·dst_stride + c] = src[r·src_stride + c] for r < rows, c < cols (no overlap).
+  virtual void Copy2D(float* dst, int64_t dst_stride, const float* src, int64_t src_stride,
+                      int64_t rows, int64_t cols) = 0;
 
   // In place on x [rows, cols]: zero dropped elements, scale kept ones by 1/(1-p). The backward
   // applies the same mask to the gradient.

@@ -10,37 +10,16 @@
 #include "absl/status/status.h"
 #include "libckpt/dtype.h"
 #include "trainer/core/layer_spec.h"
+#include "trainer/reference/block_attention_cpu.h"
+#include "trainer/reference/cpu_math.h"
 #include "trainer/reference/ops.h"
 
 namespace leantron::trainer {
 namespace {
 
-// Eight independent partial sums keep the dependency chain short and the rounding error of long
-// dot products lower than one running sum.
-inline float Dot(const float* a, const float* b, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
-  float tail = 0;
-  for (; i < n; ++i) tail += a[i] * b[i];
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])) + tail;
-}
-
-inline void Axpy(float* y, float a, const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
-}
-
-// Megatron-Core's grouped QKV row of one token: per query group its heads/groups query heads,
-// then its key head, then its value head ([q k v] per head without grouping).
-struct QkvLayout {
-  QkvLayout(int64_t heads, int64_t groups, int64_t d)
-      : per(heads / groups), d(d), row((heads + 2 * groups) * d) {}
-  int64_t q(int64_t h) const { return (h / per) * (per + 2) * d + (h % per) * d; }
-  int64_t k(int64_t h) const { return (h / per) * (per + 2) * d + per * d; }
-  int64_t v(int64_t h) const { return k(h) + d; }
-  int64_t per, d, row;
-};
+using cpu::Axpy;
+using cpu::Dot;
+using cpu::QkvLayout;
 
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kInvSqrt2 = 0.7071067811865476f;
@@ -232,11 +211,12 @@ class CpuOps final : public Ops {
   }
 
   void Rope(float* qkv, int64_t batch, int64_t seq, int64_t heads, int64_t groups, int64_t head_dim,
-            const std::vector<double>& inv_freq, bool inverse) override {
+            const std::vector<double>& inv_freq, bool inverse, const int32_t* positions,
+            int64_t positions_bound) override {
     const QkvLayout L(heads, groups, head_dim);
     const int64_t half = head_dim / 2;
     std::vector<float> cs, sn;
-    RopeTable(inv_freq, seq, &cs, &sn);
+    RopeTable(inv_freq, positions != nullptr ? positions_bound : seq, &cs, &sn);
     if (inverse)
       for (float& x : sn) x = -x;
     // Rotate-half: (x1, x2) → (x1·cos − x2·sin, x2·cos + x1·sin); the inverse (the backward of
@@ -251,8 +231,9 @@ class CpuOps final : public Ops {
     for (int64_t b = 0; b < batch; ++b)
       for (int64_t t = 0; t < seq; ++t) {
         float* row = qkv + (b * seq + t) * L.row;
-        for (int64_t h = 0; h < heads; ++h) rotate(row + L.q(h), t);
-        for (int64_t g = 0; g < groups; ++g) rotate(row + L.k(g * L.per), t);
+        const int64_t pos = positions != nullptr ? positions[b * seq + t] : t;
+        for (int64_t h = 0; h < heads; ++h) rotate(row + L.q(h), pos);
+        for (int64_t g = 0; g < groups; ++g) rotate(row + L.k(g * L.per), pos);
       }
   }
 
@@ -362,13 +343,30 @@ class CpuOps final : public Ops {
     }
   }
 
+  void BlockAttentionForward(float* out, float* lse, const float* qkv, const float* kv,
+                             const BlockAttentionArgs& args, const AttentionDropout& dropout,
+                             bool merge) override {
+    CpuBlockAttentionForward(out, lse, qkv, kv, args, dropout, merge);
+  }
+  void BlockAttentionBackward(float* dqkv, float* dkv, const float* dout, const float* out,
+                              const float* lse, const float* qkv, const float* kv,
+                              const BlockAttentionArgs& args,
+                              const AttentionDropout& dropout) override {
+    CpuBlockAttentionBackward(dqkv, dkv, dout, out, lse, qkv, kv, args, dropout);
+  }
+  void Copy2D(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
+              int64_t cols) override {
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(dst + r * dst_stride, src + r * src_stride, cols * sizeof(float));
+  }
+
   void Dropout(float* x, int64_t rows, int64_t cols, const HiddenDropout& dropout) override {
     if (dropout.p <= 0.0f) return;
     const float keep_scale = 1.0f / (1.0f - dropout.p);
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t global_row = dropout.row_offset + r;
-      const int64_t sample = dropout.first_sample + global_row / dropout.seq_length;
-      const int64_t base = (global_row % dropout.seq_length) * cols;
+      int64_t sample, position;
+      DropoutRowPlace(dropout, r, &sample, &position);
+      const int64_t base = position * cols;
       for (int64_t c = 0; c < cols; ++c) {
         const bool keep = DropoutUniform(dropout.seed, sample, base + c) >= dropout.p;
         x[r * cols + c] = keep ? x[r * cols + c] * keep_scale : 0.0f;

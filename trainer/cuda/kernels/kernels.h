@@ -164,10 +164,11 @@ void LoadPeerExchangeKernels();
 void AddBias(float* out, const float* bias, int64_t rows, int64_t cols, cudaStream_t s);
 
 // Rotary embedding (rotate-half) of the queries and keys of qkv in Megatron-Core's grouped
-// layout, in place, by the table cos/sin [seq, head_dim/2] (RopeTable; sin negated rotates back,
-// the backward).
+// layout, in place, by the table cos/sin [positions, head_dim/2] (RopeTable; sin negated rotates
+// back, the backward). Row r sits at positions[r] (device memory), or with positions null at
+// r mod seq.
 void Rope(float* qkv, int64_t batch, int64_t seq, int64_t heads, int64_t groups, int64_t head_dim,
-          const float* cos, const float* sin, cudaStream_t s);
+          const float* cos, const float* sin, const int32_t* positions, cudaStream_t s);
 
 // Causal attention with materialised probabilities, as CpuOps::AttentionForward/Backward
 // (a plain reference kernel, not the fast path).
@@ -181,6 +182,19 @@ void AttentionBackwardReference(float* dqkv, const float* dout, const float* qkv
                                 int64_t groups, int64_t head_dim, const AttentionDropout& dropout,
                                 Scratch scratch, cudaStream_t s);
 size_t AttentionBackwardScratchBytes(int64_t batch, int64_t seq, int64_t heads);
+
+// CpuOps::BlockAttentionForward/Backward (a plain reference kernel, scores kept in scratch).
+void BlockAttentionForwardReference(float* out, float* lse, const float* qkv, const float* kv,
+                                    const BlockAttentionArgs& args, const AttentionDropout& dropout,
+                                    bool merge, Scratch scratch, cudaStream_t s);
+size_t BlockAttentionForwardScratchBytes(const BlockAttentionArgs& args);
+// dqkv's query slots += dq, dkv += [dk, dv].
+void BlockAttentionBackwardReference(float* dqkv, float* dkv, const float* dout, const float* out,
+                                     const float* lse, const float* qkv, const float* kv,
+                                     const BlockAttentionArgs& args,
+                                     const AttentionDropout& dropout, Scratch scratch,
+                                     cudaStream_t s);
+size_t BlockAttentionBackwardScratchBytes(const BlockAttentionArgs& args);
 
 // The pieces of CpuOps::CrossEntropyForward on a vocabulary shard, split where the reduce hooks
 // run: row maxima; then sums[2r] = Σ exp(logit − max[r]) and sums[2r+1] = the target's logit when

@@ -139,14 +139,15 @@ __global__ void __launch_bounds__(kAttnThreads)
 }
 
 // Thread per (b, t, slot, i): slots [0, heads) are query heads, [heads, heads + groups) key heads.
-__global__ void RopeRotateKernel(float* qkv, const float* cs, const float* sn, AttnDims dims) {
+__global__ void RopeRotateKernel(float* qkv, const float* cs, const float* sn,
+                                 const int32_t* positions, AttnDims dims) {
   const int64_t T = dims.seq, H = dims.heads, G = dims.groups, half = dims.head_dim / 2;
   const Layout L(H, G, dims.head_dim);
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t slots = H + G;
   if (idx >= dims.batch * T * slots * half) return;
   const int64_t i = idx % half, slot = (idx / half) % slots, bt = idx / (half * slots);
-  const int64_t t = bt % T;
+  const int64_t t = positions != nullptr ? positions[bt] : bt % T;
   float* x = qkv + bt * L.row + (slot < H ? L.q(slot) : L.k((slot - H) * L.per));
   const float a = x[i], bb = x[i + half], c = cs[t * half + i], s = sn[t * half + i];
   x[i] = a * c - bb * s;
@@ -198,12 +199,12 @@ size_t AttentionBackwardScratchBytes(int64_t batch, int64_t seq, int64_t heads) 
 }
 
 void Rope(float* qkv, int64_t batch, int64_t seq, int64_t heads, int64_t groups, int64_t head_dim,
-          const float* cos, const float* sin, cudaStream_t s) {
+          const float* cos, const float* sin, const int32_t* positions, cudaStream_t s) {
   const int64_t half = head_dim / 2;
   if (batch == 0 || seq == 0 || half == 0) return;
   const int64_t n = batch * seq * (heads + groups) * half;
   RopeRotateKernel<<<static_cast<unsigned>(CeilDiv(n, 256)), 256, 0, s>>>(
-      qkv, cos, sin, AttnDims{batch, seq, heads, groups, head_dim});
+      qkv, cos, sin, positions, AttnDims{batch, seq, heads, groups, head_dim});
   LT_CUDA_LAUNCH_CHECK();
 }
 

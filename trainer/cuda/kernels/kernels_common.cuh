@@ -211,9 +211,10 @@ struct RowDropout {
   int64_t base = 0;  // index of the row's column 0
   RowDropout() = default;
   __device__ __forceinline__ RowDropout(const HiddenDropout& d, int64_t r, int64_t cols) {
-    const int64_t global_row = d.row_offset + r;
-    key = SampleKey(d.seed, d.first_sample + global_row / d.seq_length);
-    base = (global_row % d.seq_length) * cols;
+    int64_t sample, position;
+    DropoutRowPlace(d, r, &sample, &position);
+    key = SampleKey(d.seed, sample);
+    base = position * cols;
   }
   __device__ __forceinline__ bool Keep(float p, int64_t c) const {
     return UniformFromKey(key, base + c) >= p;
