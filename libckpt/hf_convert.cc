@@ -93,12 +93,13 @@ class HfSource : public FullTensorSource {
     source->info_.config.make_vocab_size_divisible_by = vocab_divisor;
     source->files_ = *std::move(files);
     std::string prefix = "transformer.";
-    if (source->info_.architecture == HfArchitecture::kGpt2 &&
+    if (source->info_.config.hf_architecture == HfArchitecture::kGpt2 &&
         !source->files_->Contains("transformer.wte.weight") &&
         source->files_->Contains("wte.weight")) {
       prefix = "";
     }
-    source->mappings_ = HfMappings(source->info_.architecture, source->info_.config, prefix);
+    source->mappings_ =
+        HfMappings(source->info_.config.hf_architecture, source->info_.config, prefix);
     if (auto s = source->Verify(dir); !s.ok()) return s;
     for (size_t i = 0; i < source->mappings_.size(); ++i) {
       source->by_megatron_[source->mappings_[i].megatron] = i;
@@ -179,9 +180,8 @@ class HfSource : public FullTensorSource {
 
 // Values HF keeps in config.json that a Megatron config has no field for travel in "args".
 std::string ArgsFromHf(const HfModelInfo& info) {
-  std::string args = Cat(
-      "{\"converted_from\": \"",
-      info.architecture == HfArchitecture::kGpt2 ? "GPT2LMHeadModel" : "LlamaForCausalLM", "\"");
+  std::string args =
+      Cat("{\"converted_from\": \"", HfArchitectureName(info.config.hf_architecture), "\"");
   if (!info.bos_token_id_json.empty())
     CatAppend(&args, ", \"hf_bos_token_id\": ", info.bos_token_id_json);
   if (!info.eos_token_id_json.empty())
@@ -275,8 +275,8 @@ absl::Status ExportHfCheckpoint(const std::string& load_dir, const std::string& 
   }
   if (auto s = (*writer)->Finish(); !s.ok()) return s;
   HfModelInfo info;
-  info.architecture = *architecture;
   info.config = metadata.config;
+  info.config.hf_architecture = *architecture;
   simdjson::dom::parser parser;
   simdjson::dom::object args;
   if (parser.parse(metadata.args_json).get(args) == simdjson::SUCCESS) {
@@ -289,7 +289,7 @@ absl::Status ExportHfCheckpoint(const std::string& load_dir, const std::string& 
   // A checkpoint that did not come from HF (trained here) has no ids to carry over. For GPT-2
   // the end-of-document token is the last id (50256 of 50257; NullTokenizer's EOD likewise);
   // without this, transformers would assume 50256 whatever the vocabulary.
-  if (info.architecture == HfArchitecture::kGpt2 && info.config.vocab_size > 0) {
+  if (*architecture == HfArchitecture::kGpt2 && info.config.vocab_size > 0) {
     const std::string eod = Cat(info.config.vocab_size - 1);
     if (info.bos_token_id_json.empty()) info.bos_token_id_json = eod;
     if (info.eos_token_id_json.empty()) info.eos_token_id_json = eod;

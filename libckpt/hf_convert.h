@@ -1,6 +1,8 @@
-// Conversion between HuggingFace folders (GPT2LMHeadModel, LlamaForCausalLM) and the project's
-// checkpoints. Import reads HF tensors as a FullTensorSource, so it saves through the same writer
-// as a reshard; export reads any checkpoint layout through CheckpointReader.
+// Conversion between HuggingFace folders (GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM,
+// Qwen2ForCausalLM) and the project's checkpoints. The checkpoint records the class it came from
+// (ModelConfig::hf_architecture), which export writes back. Import reads HF tensors as a
+// FullTensorSource, so it saves through the same writer as a reshard; export reads any checkpoint
+// layout through CheckpointReader.
 #pragma once
 
 #include <cstdint>

@@ -72,6 +72,13 @@ std::vector<HfMapping> HfMappings(HfArchitecture architecture, const ModelConfig
                   {hf + "self_attn.k_proj.weight", {kv_rows, h}},
                   {hf + "self_attn.v_proj.weight", {kv_rows, h}}},
                  HfTransform::kSplitQkv});
+    if (c.add_qkv_bias) {  // Qwen2
+      m.push_back({mg + "self_attention.linear_qkv.bias",
+                   {{hf + "self_attn.q_proj.bias", {q_rows}},
+                    {hf + "self_attn.k_proj.bias", {kv_rows}},
+                    {hf + "self_attn.v_proj.bias", {kv_rows}}},
+                   HfTransform::kSplitQkv});
+    }
     m.push_back({mg + "self_attention.linear_proj.weight",
                  {{hf + "self_attn.o_proj.weight", {h, q_rows}}},
                  HfTransform::kCopy});
@@ -184,7 +191,7 @@ void HfToMegatron(const HfMapping& mapping, const ModelConfig& c, DType dtype,
       break;
     }
     case HfTransform::kSplitQkv: {
-      const size_t row = static_cast<size_t>(shape0[1]) * elem;
+      const size_t row = shape0.size() == 2 ? static_cast<size_t>(shape0[1]) * elem : elem;
       ForEachQkvRun(c, row, [&](int part, size_t at, size_t qkv_at, size_t n) {
         std::memcpy(dst + qkv_at, hf[part].data() + at, n);
       });
@@ -229,7 +236,7 @@ void MegatronToHf(const HfMapping& mapping, const ModelConfig& c, const Tensor& 
       break;
     }
     case HfTransform::kSplitQkv: {
-      const size_t row = static_cast<size_t>(shape0[1]) * elem;
+      const size_t row = shape0.size() == 2 ? static_cast<size_t>(shape0[1]) * elem : elem;
       ForEachQkvRun(c, row, [&](int part, size_t at, size_t qkv_at, size_t n) {
         std::memcpy((*hf)[part].data.data() + at, src + qkv_at, n);
       });

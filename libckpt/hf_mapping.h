@@ -18,7 +18,8 @@ enum class HfTransform {
   kVocabRows,  // Same tensor; Megatron pads the vocabulary rows, HF holds the true vocabulary.
   kTranspose,  // GPT-2 Conv1D weights are stored [in, out]; Megatron's are [out, in].
   kFusedQkv,   // GPT-2 c_attn: [in, Q | K | V] (bias [Q | K | V]) <-> grouped [np, 3, hn] rows.
-  kSplitQkv,   // Llama q_proj, k_proj, v_proj <-> grouped [ng, np/ng + 2, hn] rows.
+  kSplitQkv,   // Llama q_proj, k_proj, v_proj (Qwen2: and their biases) <-> grouped
+               // [ng, np/ng + 2, hn] rows.
   kSwiglu,     // Llama gate_proj, up_proj <-> linear_fc1 = [gate; up].
 };
 
@@ -34,7 +35,8 @@ struct HfMapping {
 };
 
 // Every mapping of the model, in HF's usual order. `gpt2_prefix` is "transformer." or "" (files
-// in the wild use both). Tied embeddings have no output-layer mapping.
+// in the wild use both). Llama, Mistral and Qwen2 share names (Qwen2 adds q/k/v biases, present
+// when config.add_qkv_bias). Tied embeddings have no output-layer mapping.
 std::vector<HfMapping> HfMappings(HfArchitecture architecture, const ModelConfig& config,
                                   const std::string& gpt2_prefix = "transformer.");
 

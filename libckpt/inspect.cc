@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "libckpt/checkpoint_reader.h"
+#include "libckpt/hf_config.h"
 #include "libckpt/strings.h"
 
 namespace leantron::ckpt {
@@ -37,6 +38,47 @@ double L2Norm(const Tensor& tensor) {
   return std::sqrt(sum);
 }
 
+// The architecture in the words a model card uses: which HF class it is, then norm, MLP,
+// positions, attention, biases and embeddings.
+std::string DescribeArchitecture(const ModelConfig& c) {
+  std::string family;
+  if (c.hf_architecture != HfArchitecture::kUnset) {
+    family = Cat(HfArchitectureName(c.hf_architecture), " (recorded in the checkpoint)");
+  } else if (auto inferred = HfArchitectureFor(c); inferred.ok()) {
+    family = Cat(HfArchitectureName(*inferred), " (by its shape; no HF class recorded)");
+  } else {
+    family = "no HF class fits";
+  }
+  std::string positions;
+  if (c.position_embedding_type == PositionEmbedding::kLearnedAbsolute) {
+    positions = absl::StrFormat("learned_absolute, %d positions", c.max_position_embeddings);
+  } else {
+    positions = absl::StrFormat("rope, base %g", c.rotary_base);
+    if (const RopeScaling& r = c.rope_scaling; r.llama3) {
+      positions += absl::StrFormat(
+          ", llama3 scaling (factor %g, low_freq_factor %g, high_freq_factor %g, "
+          "original_max_position_embeddings %d)",
+          r.factor, r.low_freq_factor, r.high_freq_factor, r.original_max_position_embeddings);
+    } else {
+      positions += ", no scaling";
+    }
+  }
+  const char* kind = c.num_query_groups == c.num_attention_heads ? "multi-head"
+                     : c.num_query_groups == 1                   ? "multi-query"
+                                                                 : "grouped-query";
+  const char* biases = c.add_bias_linear && c.add_qkv_bias ? "every linear layer"
+                       : c.add_qkv_bias                    ? "QKV only"
+                       : c.add_bias_linear                 ? "every linear layer but QKV"
+                                                           : "none";
+  return absl::StrFormat(
+      "architecture: %s\n  norm: %s, eps %g | MLP: %s, ffn %d | positions: %s\n"
+      "  attention: %d heads / %d query groups (%s), head dim %d | biases: %s | embeddings: %s\n",
+      family, ToAbsl(NormTypeName(c.normalization)), c.norm_epsilon,
+      ToAbsl(ActivationName(c.activation)), c.ffn_hidden_size, positions, c.num_attention_heads,
+      c.num_query_groups, kind, c.kv_channels, biases,
+      c.untie_embeddings_and_output_weights ? "untied output layer" : "tied");
+}
+
 }  // namespace
 
 absl::Status PrintCheckpointSummary(const std::string& checkpoint_dir,
@@ -58,6 +100,7 @@ absl::Status PrintCheckpointSummary(const std::string& checkpoint_dir,
       ToAbsl(PositionEmbeddingName(c.position_embedding_type)),
       c.add_bias_linear ? ", biases" : ", no biases",
       c.untie_embeddings_and_output_weights ? "untied" : "tied", ToAbsl(DTypeName(c.params_dtype)));
+  out << DescribeArchitecture(c);
   out << absl::StrFormat("layout: TP=%d PP=%d VPP=%d", m.parallel.tp, m.parallel.pp,
                          m.parallel.vpp);
   if (m.parallel.first_stage_layers > 0)

@@ -128,6 +128,30 @@ std::string_view PositionEmbeddingName(PositionEmbedding type) {
   return type == PositionEmbedding::kLearnedAbsolute ? "learned_absolute" : "rope";
 }
 
+std::string_view HfArchitectureName(HfArchitecture architecture) {
+  switch (architecture) {
+    case HfArchitecture::kUnset:
+      return "";
+    case HfArchitecture::kGpt2:
+      return "GPT2LMHeadModel";
+    case HfArchitecture::kLlama:
+      return "LlamaForCausalLM";
+    case HfArchitecture::kMistral:
+      return "MistralForCausalLM";
+    case HfArchitecture::kQwen2:
+      return "Qwen2ForCausalLM";
+  }
+  return "";
+}
+
+std::optional<HfArchitecture> ParseHfArchitecture(std::string_view name) {
+  for (HfArchitecture a : {HfArchitecture::kGpt2, HfArchitecture::kLlama, HfArchitecture::kMistral,
+                           HfArchitecture::kQwen2}) {
+    if (name == HfArchitectureName(a)) return a;
+  }
+  return std::nullopt;
+}
+
 std::string ModelConfigToJson(const ModelConfig& c) {
   // %.17g keeps doubles exact through a round trip.
   std::string json = absl::StrFormat(
@@ -149,6 +173,10 @@ std::string ModelConfigToJson(const ModelConfig& c) {
         ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": %.17g, \"low_freq_factor\": "
         "%.17g, \"high_freq_factor\": %.17g, \"original_max_position_embeddings\": %d}",
         r.factor, r.low_freq_factor, r.high_freq_factor, r.original_max_position_embeddings);
+  }
+  if (c.hf_architecture != HfArchitecture::kUnset) {
+    json += absl::StrFormat(", \"hf_architecture\": \"%s\"",
+                            ToAbsl(HfArchitectureName(c.hf_architecture)));
   }
   json += "}";
   return json;
@@ -243,6 +271,18 @@ absl::StatusOr<ModelConfig> ModelConfigFromJson(std::string_view json) {
                     &c.rope_scaling.original_max_position_embeddings))
              .ok())
       return s;
+  }
+  simdjson::dom::element architecture;
+  if (object["hf_architecture"].get(architecture) == simdjson::SUCCESS && !architecture.is_null()) {
+    std::string_view name;
+    std::optional<HfArchitecture> parsed;
+    if (architecture.get(name) == simdjson::SUCCESS) parsed = ParseHfArchitecture(name);
+    if (!parsed) {
+      return absl::InvalidArgumentError(
+          "model config: hf_architecture must be GPT2LMHeadModel, LlamaForCausalLM, "
+          "MistralForCausalLM or Qwen2ForCausalLM");
+    }
+    c.hf_architecture = *parsed;
   }
   if (auto status = ValidateModelConfig(c); !status.ok()) return status;
   return c;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -28,6 +29,11 @@ struct RopeScaling {
   bool operator==(const RopeScaling&) const = default;
 };
 
+// The HuggingFace class a checkpoint came from and converts back to (config.json's
+// "architectures"). kUnset: not recorded (a model trained here); export then picks the class by
+// the model's shape (HfArchitectureFor in hf_config.h).
+enum class HfArchitecture { kUnset, kGpt2, kLlama, kMistral, kQwen2 };
+
 struct ModelConfig {
   int64_t num_layers = 0;
   int64_t hidden_size = 0;
@@ -48,6 +54,9 @@ struct ModelConfig {
   bool add_qkv_bias = true;     // Bias on linear_qkv.
   bool untie_embeddings_and_output_weights = false;
   DType params_dtype = DType::kF32;
+  // Where the weights came from; changes nothing the trainer computes (Mistral without a sliding
+  // window is Llama), only what `convert_hf --to-hf` writes.
+  HfArchitecture hf_architecture = HfArchitecture::kUnset;
 
   bool swiglu() const { return activation == Activation::kSwiGLU; }
   bool has_norm_bias() const { return normalization == NormType::kLayerNorm; }
@@ -67,6 +76,10 @@ absl::Status ValidateModelConfig(const ModelConfig& config);
 std::string_view NormTypeName(NormType type);
 std::string_view ActivationName(Activation activation);
 std::string_view PositionEmbeddingName(PositionEmbedding type);
+// "GPT2LMHeadModel", "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"; "" for kUnset.
+std::string_view HfArchitectureName(HfArchitecture architecture);
+// The inverse for the four names; nullopt for anything else (kUnset included).
+std::optional<HfArchitecture> ParseHfArchitecture(std::string_view name);
 
 // One JSON object (the "model" entry of a checkpoint's metadata.json).
 std::string ModelConfigToJson(const ModelConfig& config);

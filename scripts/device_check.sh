@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU (device) machine, from the repository root, in one call: unpacks the bundle that
 # scripts/device_bundle.sh made here (binaries + the libraries the device lacks), then
-#   tests: the GPU op tests (tests/gpu/*_test.cc binaries) and tests/gpu/test_gpu_train.py
+#   tests: the GPU op tests (tests/gpu/*_test.cc binaries), tests/gpu/test_gpu_train.py and
+#          tests/gpu/test_gpu_llama.py (the Llama family against transformers)
 #   bench: bench/gpu/bench_train.py, ours next to the PyTorch peer
 # and leaves logs in $OUT (the device tool's output folder) or /tmp/leantron-out.
 #   here:   bash scripts/device_bundle.sh
@@ -31,8 +32,9 @@ if [[ "$what" == tests || "$what" == all ]]; then
   done
 fi
 if [[ "$what" == tests || "$what" == all || "$what" == pytest ]]; then
-  echo "== tests/gpu/test_gpu_train.py"
-  python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_gpu_train.py -s \
+  echo "== tests/gpu/test_gpu_train.py tests/gpu/test_gpu_llama.py"
+  python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_gpu_train.py \
+    tests/gpu/test_gpu_llama.py -s \
     >"$OUT/pytest_gpu.log" 2>&1 || status=1
   tail -n 40 "$OUT/pytest_gpu.log"
   skips "$OUT/pytest_gpu.log"

@@ -1,4 +1,5 @@
-// convert_hf: HuggingFace GPT2LMHeadModel / LlamaForCausalLM folders to and from checkpoints.
+// convert_hf: HuggingFace GPT2LMHeadModel / LlamaForCausalLM / MistralForCausalLM /
+// Qwen2ForCausalLM folders to and from checkpoints.
 //   convert_hf --from-hf HF_DIR --save DIR [--target-tp N --target-pp M --target-vpp V]
 //              [--target-decoder-first-pipeline-num-layers F]
 //              [--target-decoder-last-pipeline-num-layers L]
@@ -12,7 +13,9 @@
 #include "libckpt/hf_convert.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"Convert between HuggingFace safetensors folders and Leantron checkpoints"};
+  CLI::App app{
+      "Convert between HuggingFace safetensors folders (GPT-2, Llama, Mistral, Qwen2) and "
+      "Leantron checkpoints"};
   std::string from_hf, load, save, tokenizer_dir;
   bool to_hf = false, copy_tokenizer = false, overwrite = false, no_verify = false;
   leantron::ckpt::HfImportOptions import_options;

@@ -1,12 +1,17 @@
-"""Single-GPU training speed: `train --bf16` next to the PyTorch peer (bench/gpu/torch_peer.py)
-with identical shapes, seq 1024, random tokens. Prints one markdown row per run and writes the
-table to --out. Run on the device machine (scripts/device_check.sh bench)."""
+"""Single-GPU training speed: `train --bf16` next to a PyTorch peer with identical shapes and
+random tokens: GPT-2 shapes (seq 1024) against bench/gpu/torch_peer.py, Llama shapes (seq 4096:
+RMSNorm, SwiGLU, RoPE with Llama 3.2's scaling, grouped-query attention, tied) against
+bench/gpu/torch_llama_peer.py. Prints one markdown row per run and writes the table to --out.
+Run on the device machine (scripts/device_check.sh bench), e.g. --runs llama-1B:4,llama-3B:2."""
 import argparse
 import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from megatron_flops import flops_per_token  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = {  # name: layers, hidden, heads
@@ -15,23 +20,55 @@ MODELS = {  # name: layers, hidden, heads
     "774M": (36, 1280, 20),
     "1.5B": (48, 1600, 25),
 }
+GPT_SEQ, GPT_VOCAB = 1024, 50304  # 50257 padded to a multiple of 128
+# Llama shapes: layers, hidden, heads, KV heads, ffn, vocab, tied, seq, rope base, rope scaling
+# factor (Llama 3.2's 32; None: unscaled).
+LLAMA = {
+    "llama-1B": dict(layers=16, hidden=2048, heads=32, kv_heads=8, ffn=8192, vocab=128256,
+                     tied=True, seq=4096, rope_base=500000, rope_scaling=32.0),
+    "llama-3B": dict(layers=28, hidden=3072, heads=24, kv_heads=8, ffn=8192, vocab=128256,
+                     tied=True, seq=4096, rope_base=500000, rope_scaling=32.0),
+}
 
 
-def flops_per_token(layers, h, seq=1024, vocab=50304):
-    return layers * (3 * 2 * (h * 3 * h + h * h) + 3 * 2 * 2 * h * 4 * h + 3 * 2 * h * seq) + \
-        3 * 2 * h * vocab
+def llama_train_flags(m):
+    """Megatron's flags for a Llama shape (NullTokenizer: --vocab-size + 1 = the vocabulary)."""
+    flags = ["--num-layers", m["layers"], "--hidden-size", m["hidden"],
+             "--num-attention-heads", m["heads"], "--group-query-attention",
+             "--num-query-groups", m["kv_heads"], "--kv-channels", m["hidden"] // m["heads"],
+             "--ffn-hidden-size", m["ffn"], "--normalization", "RMSNorm", "--swiglu",
+             "--position-embedding-type", "rope", "--rotary-base", m["rope_base"],
+             "--disable-bias-linear", "--seq-length", m["seq"],
+             "--max-position-embeddings", m["seq"], "--vocab-size", m["vocab"] - 1]
+    if m["rope_scaling"]:
+        flags += ["--use-rope-scaling", "--rope-scaling-factor", m["rope_scaling"]]
+    if not m["tied"]:
+        flags.append("--untie-embeddings-and-output-weights")
+    return [str(f) for f in flags]
+
+
+def shape(name):
+    """(train flags for the model, seq, FLOPs per token)."""
+    if name in LLAMA:
+        m = LLAMA[name]
+        return (llama_train_flags(m), m["seq"],
+                flops_per_token(m["layers"], m["hidden"], m["seq"], m["vocab"], m["ffn"],
+                                m["heads"], m["kv_heads"], m["hidden"] // m["heads"], swiglu=True))
+    layers, h, heads = MODELS[name]
+    flags = ["--num-layers", str(layers), "--hidden-size", str(h), "--num-attention-heads",
+             str(heads), "--seq-length", str(GPT_SEQ), "--max-position-embeddings", str(GPT_SEQ),
+             "--vocab-size", "50256", "--openai-gelu"]
+    return flags, GPT_SEQ, flops_per_token(layers, h, GPT_SEQ, GPT_VOCAB, 4 * h, heads)
 
 
 def run_ours(bin_dir, name, mb, iters, extra):
-    layers, h, heads = MODELS[name]
+    flags, seq, per_token = shape(name)
     cmd = [str(Path(bin_dir) / "train"), "--bf16", "--mock-data", "--tokenizer-type",
-           "NullTokenizer", "--vocab-size", "50256", "--num-layers", str(layers), "--hidden-size",
-           str(h), "--num-attention-heads", str(heads), "--seq-length", "1024",
-           "--max-position-embeddings", "1024", "--micro-batch-size", str(mb),
-           "--global-batch-size", str(mb), "--train-iters", str(iters), "--log-interval", "5",
-           "--log-throughput", "--lr", "1e-4", "--min-lr", "1e-5", "--lr-decay-style", "cosine",
-           "--hidden-dropout", "0", "--attention-dropout", "0", "--openai-gelu",
-           "--eval-iters", "0"] + extra
+           "NullTokenizer"] + flags + [
+           "--micro-batch-size", str(mb), "--global-batch-size", str(mb), "--train-iters",
+           str(iters), "--log-interval", "5", "--log-throughput", "--lr", "1e-4", "--min-lr",
+           "1e-5", "--lr-decay-style", "cosine", "--hidden-dropout", "0", "--attention-dropout",
+           "0", "--eval-iters", "0"] + extra
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         return {"error": (proc.stdout + proc.stderr)[-2000:]}
@@ -41,8 +78,8 @@ def run_ours(bin_dir, name, mb, iters, extra):
     mem = re.search(r"GPU in use: (\d+) \| of which parameters (\d+), gradients (\d+), Adam state "
                     r"(\d+), bf16 weights, activations and workspaces (\d+)", proc.stdout)
     alloc_mib = sum(int(mem.group(i)) for i in range(2, 6)) if mem else -1
-    tokens = mb * 1024
-    tflops = flops_per_token(layers, h) * tokens / ms_step / 1e9
+    tokens = mb * seq
+    tflops = per_token * tokens / ms_step / 1e9
     loss = re.findall(r"lm loss: ([\d.E+-]+)", proc.stdout)
     out = {"peer": "leantron train --bf16" + (" " + " ".join(extra) if extra else ""),
            "model": name, "micro_batch": mb, "ms_per_step": round(ms_step, 1),
@@ -56,9 +93,21 @@ def run_ours(bin_dir, name, mb, iters, extra):
 
 
 def run_peer(name, mb, compile_):
-    layers, h, heads = MODELS[name]
-    cmd = [sys.executable, str(ROOT / "bench/gpu/torch_peer.py"), "--layers", str(layers),
-           "--hidden", str(h), "--heads", str(heads), "--micro-batch", str(mb)]
+    if name in LLAMA:
+        m = LLAMA[name]
+        cmd = [sys.executable, str(ROOT / "bench/gpu/torch_llama_peer.py"), "--layers",
+               str(m["layers"]), "--hidden", str(m["hidden"]), "--heads", str(m["heads"]),
+               "--kv-heads", str(m["kv_heads"]), "--ffn", str(m["ffn"]), "--vocab",
+               str(m["vocab"]), "--seq", str(m["seq"]), "--rope-base", str(m["rope_base"]),
+               "--micro-batch", str(mb)]
+        if m["rope_scaling"]:
+            cmd += ["--rope-scaling-factor", str(m["rope_scaling"])]
+        if m["tied"]:
+            cmd.append("--tied")
+    else:
+        layers, h, heads = MODELS[name]
+        cmd = [sys.executable, str(ROOT / "bench/gpu/torch_peer.py"), "--layers", str(layers),
+               "--hidden", str(h), "--heads", str(heads), "--micro-batch", str(mb)]
     if not compile_:
         cmd.append("--no-compile")
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -80,7 +129,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=str(ROOT / "build" / "bin"))
     ap.add_argument("--runs", default="124M:32,774M:16,774M:32,1.5B:16",
-                    help="model:micro-batch list")
+                    help="model:micro-batch list; models: " + ", ".join([*MODELS, *LLAMA]))
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--peer", choices=["compile", "eager", "none"], default="compile")
     ap.add_argument("--extra", default="", help="extra flags for train (space-separated)")

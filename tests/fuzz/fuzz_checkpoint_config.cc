@@ -34,11 +34,14 @@ void MetadataJson(std::string_view json) {
 void HfConfigJson(std::string_view json) {
   auto info = ckpt::ParseHfConfig(json, "config.json");
   if (!info.ok() || info->config.num_layers > kLayersPresent) return;
-  auto mappings = ckpt::HfMappings(info->architecture, info->config, "");
+  auto mappings = ckpt::HfMappings(info->config.hf_architecture, info->config, "");
   if (mappings.empty()) __builtin_trap();
+  // What was accepted converts back to its own class, and config.json says the same again.
+  auto architecture = ckpt::HfArchitectureFor(info->config);
+  if (!architecture.ok() || *architecture != info->config.hf_architecture) __builtin_trap();
   auto back = ckpt::ParseHfConfig(ckpt::HfConfigJson(*info), "again");
-  if (!back.ok() || back->config.num_layers != info->config.num_layers ||
-      back->config.hidden_size != info->config.hidden_size) {
+  if (!back.ok() ||
+      ckpt::ModelConfigToJson(back->config) != ckpt::ModelConfigToJson(info->config)) {
     __builtin_trap();
   }
 }

@@ -117,7 +117,10 @@ def make_gpt2(path, seed=0, layers=4, hidden=32, heads=4, vocab=300, positions=6
 
 
 def make_llama(path, seed=0, layers=4, hidden=32, ffn=48, heads=8, kv_heads=4, vocab=300, positions=64,
-               tied=False, shards=1):
+               tied=False, shards=1, model_type="llama", qkv_bias=False, overrides=None):
+    """A tiny LlamaForCausalLM; `model_type` "mistral" or "qwen2" (with `qkv_bias`) gives the
+    other classes of the same decoder. `overrides` entries replace the written config.json's
+    (None removes a key)."""
     rng = np.random.default_rng(seed)
     h, hn = hidden, hidden // heads
     t = {}
@@ -133,6 +136,10 @@ def make_llama(path, seed=0, layers=4, hidden=32, ffn=48, heads=8, kv_heads=4, v
         t[q + "self_attn.k_proj.weight"] = r(kv_heads * hn, h)
         t[q + "self_attn.v_proj.weight"] = r(kv_heads * hn, h)
         t[q + "self_attn.o_proj.weight"] = r(h, heads * hn)
+        if qkv_bias:
+            t[q + "self_attn.q_proj.bias"] = r(heads * hn)
+            t[q + "self_attn.k_proj.bias"] = r(kv_heads * hn)
+            t[q + "self_attn.v_proj.bias"] = r(kv_heads * hn)
         t[q + "post_attention_layernorm.weight"] = 1 + r(h)
         t[q + "mlp.gate_proj.weight"] = r(ffn, h)
         t[q + "mlp.up_proj.weight"] = r(ffn, h)
@@ -140,12 +147,24 @@ def make_llama(path, seed=0, layers=4, hidden=32, ffn=48, heads=8, kv_heads=4, v
     t["model.norm.weight"] = 1 + r(h)
     if not tied:
         t["lm_head.weight"] = r(vocab, h)
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": h,
+    architecture = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                    "qwen2": "Qwen2ForCausalLM"}[model_type]
+    config = {"architectures": [architecture], "model_type": model_type, "hidden_size": h,
               "intermediate_size": ffn, "num_hidden_layers": layers, "num_attention_heads": heads,
               "num_key_value_heads": kv_heads, "head_dim": hn, "hidden_act": "silu",
               "max_position_embeddings": positions, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-              "vocab_size": vocab, "tie_word_embeddings": tied, "attention_bias": False,
-              "mlp_bias": False, "bos_token_id": 1, "eos_token_id": 2}
+              "vocab_size": vocab, "tie_word_embeddings": tied, "bos_token_id": 1, "eos_token_id": 2}
+    if model_type == "llama":
+        config.update({"attention_bias": False, "mlp_bias": False})
+    elif model_type == "mistral":
+        config["sliding_window"] = None
+    else:
+        config.update({"use_sliding_window": False, "sliding_window": None})
+    for key, value in (overrides or {}).items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
     write_hf(path, config, t, shards)
     return config, t
 
@@ -341,10 +360,38 @@ def _attention(q, k, v):
     return scores @ v
 
 
-def _rope(x, theta):
-    """Rotate-half RoPE on [heads, s, hn]."""
-    hn, s = x.shape[-1], x.shape[1]
+def rope_inverse_frequencies(cfg):
+    """The rotary inverse frequencies a Llama-family config.json asks for, float64: theta from
+    rope_theta (transformers 4) or rope_parameters (5), and Llama 3.1's "llama3" scaling written
+    out from HF's definition (wavelengths above original/low_freq_factor divided by the factor,
+    below original/high_freq_factor kept, linear in original/wavelength between)."""
+    params = cfg.get("rope_parameters") or {}
+    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    hn = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     inv = 1.0 / theta ** (np.arange(0, hn, 2, dtype=np.float64) / hn)
+    scaling = cfg.get("rope_scaling") or params
+    if scaling.get("rope_type", scaling.get("type", "default")) != "llama3":
+        return inv
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    original = scaling["original_max_position_embeddings"]
+    out = []
+    for f in inv:
+        wavelength = 2 * math.pi / f
+        if wavelength < original / high:
+            out.append(f)
+        elif wavelength > original / low:
+            out.append(f / factor)
+        else:
+            t = (original / wavelength - low) / (high - low)
+            out.append((1 - t) * f / factor + t * f)
+    return np.array(out)
+
+
+def _rope(x, theta, inv=None):
+    """Rotate-half RoPE on [heads, s, hn]; `inv`: the inverse frequencies (default: unscaled)."""
+    hn, s = x.shape[-1], x.shape[1]
+    if inv is None:
+        inv = 1.0 / theta ** (np.arange(0, hn, 2, dtype=np.float64) / hn)
     ang = np.outer(np.arange(s), inv)
     cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
     x1, x2 = x[..., :hn // 2], x[..., hn // 2:]
@@ -371,17 +418,27 @@ def gpt2_forward_hf(t, cfg, ids, prefix="transformer."):
 
 
 def llama_forward_hf(t, cfg, ids):
+    """LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM (q/k/v biases when the tensors
+    have them), rope scaling as config.json asks."""
     g = {k: v.astype(np.float64) for k, v in t.items()}
     h, nh, nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hn, s, eps = cfg["head_dim"], len(ids), cfg["rms_norm_eps"]
+    inv = rope_inverse_frequencies(cfg)
     x = g["model.embed_tokens.weight"][ids]
+
+    def proj(y, name, heads):
+        out = y @ g[name + ".weight"].T
+        if name + ".bias" in g:
+            out = out + g[name + ".bias"]
+        return out.reshape(s, heads, hn).transpose(1, 0, 2)
+
     for i in range(cfg["num_hidden_layers"]):
         q = f"model.layers.{i}."
         y = _rms_norm(x, g[q + "input_layernorm.weight"], eps)
-        qh = (y @ g[q + "self_attn.q_proj.weight"].T).reshape(s, nh, hn).transpose(1, 0, 2)
-        kh = (y @ g[q + "self_attn.k_proj.weight"].T).reshape(s, nkv, hn).transpose(1, 0, 2)
-        vh = (y @ g[q + "self_attn.v_proj.weight"].T).reshape(s, nkv, hn).transpose(1, 0, 2)
-        qh, kh = _rope(qh, cfg["rope_theta"]), _rope(kh, cfg["rope_theta"])
+        qh = proj(y, q + "self_attn.q_proj", nh)
+        kh = proj(y, q + "self_attn.k_proj", nkv)
+        vh = proj(y, q + "self_attn.v_proj", nkv)
+        qh, kh = _rope(qh, None, inv), _rope(kh, None, inv)
         rep = nh // nkv
         ctx = _attention(qh, np.repeat(kh, rep, 0), np.repeat(vh, rep, 0)).transpose(1, 0, 2).reshape(s, nh * hn)
         x = x + ctx @ g[q + "self_attn.o_proj.weight"].T

@@ -122,8 +122,11 @@ def test_an_export_replaces_the_folder_as_a_whole(tmp_path):
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
                        "original_max_position_embeddings": 64}}, "rope_scaling of type 'yarn'"),
     ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling of type 'linear'"),
+    ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 8.0}},
+     "rope_parameters of type 'dynamic'"),
+    # llama3 is applied, but only with all four of its numbers.
     ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0}},
-     "rope_parameters of type 'llama3'"),
+     "missing or mistyped 'rope_parameters.low_freq_factor'"),
     ({"rope_theta": "ten thousand"}, "'rope_theta'"),
     ({"rms_norm_eps": [1e-5]}, "'rms_norm_eps'"),
 ])

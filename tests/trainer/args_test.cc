@@ -117,5 +117,47 @@ TEST(ArgsTest, UnevenPipelineSplitIsCheckedLikeMegatronCore) {
   EXPECT_NE(json.find("\"decoder_last_pipeline_num_layers\": null"), std::string::npos) << json;
 }
 
+// Megatron's --use-rope-scaling / --rope-scaling-factor: Llama 3.1's scaling with the factor
+// given (default 8) and the rest fixed at 1, 4 and 8192.
+TEST(ArgsTest, RopeScalingFlagsReachTheModelConfig) {
+  auto msg = [](const absl::Status& s) { return std::string(s.message()); };
+  const std::vector<std::string> rope = {"--position-embedding-type", "rope"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), rope.begin(), rope.end());
+    return extra;
+  };
+  EXPECT_TRUE(Check(with({"--use-rope-scaling"}), 1).ok());
+  EXPECT_EQ(msg(Check({"--use-rope-scaling"}, 1)),
+            "--use-rope-scaling needs --position-embedding-type rope");
+  EXPECT_EQ(msg(Check(with({"--use-rope-scaling", "--rope-scaling-factor", "0"}), 1)),
+            "--rope-scaling-factor must be positive, not 0");
+  EXPECT_EQ(msg(Check(with({"--use-rope-scaling", "--rope-scaling-factor", "-2"}), 1)),
+            "--rope-scaling-factor must be positive, not -2");
+  EXPECT_EQ(msg(Check(with({"--use-rope-scaling", "--rope-scaling-factor", "nan"}), 1)),
+            "--rope-scaling-factor must be a finite number, not nan");
+  EXPECT_EQ(msg(Check(with({"--use-rope-scaling", "--rope-scaling-factor", "inf"}), 1)),
+            "--rope-scaling-factor must be a finite number, not inf");
+
+  for (const char* factor : {"", "32"}) {
+    CLI::App app;
+    TrainArgs args;
+    AddTrainFlags(app, &args);
+    app.parse(std::string("--position-embedding-type rope --use-rope-scaling") +
+                  (*factor ? std::string(" --rope-scaling-factor ") + factor : ""),
+              false);
+    const ckpt::RopeScaling r = ModelConfigFromArgs(args).rope_scaling;
+    EXPECT_TRUE(r.llama3);
+    EXPECT_EQ(r.factor, *factor ? 32.0 : 8.0);  // Megatron's default factor is 8
+    EXPECT_EQ(r.low_freq_factor, 1.0);
+    EXPECT_EQ(r.high_freq_factor, 4.0);
+    EXPECT_EQ(r.original_max_position_embeddings, 8192);
+  }
+  CLI::App app;
+  TrainArgs args;
+  AddTrainFlags(app, &args);
+  app.parse("--position-embedding-type rope --rope-scaling-factor 32", false);
+  EXPECT_FALSE(ModelConfigFromArgs(args).rope_scaling.llama3);  // the factor alone scales nothing
+}
+
 }  // namespace
 }  // namespace leantron::trainer

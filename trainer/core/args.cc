@@ -163,6 +163,11 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
   app.add_option("--position-embedding-type", a->position_embedding_type,
                  "learned_absolute or rope");
   app.add_option("--rotary-base", a->rotary_base, "RoPE base (default 10000)");
+  app.add_flag("--use-rope-scaling", a->use_rope_scaling,
+               "Llama 3.1's rope scaling (HF rope_type llama3: low_freq_factor 1, high_freq_factor "
+               "4, original context 8192)");
+  app.add_option("--rope-scaling-factor", a->rope_scaling_factor,
+                 "Its factor (default 8; Llama 3.2's is 32)");
   app.add_flag("--swiglu", a->swiglu, "SwiGLU MLP (silu(gate)·up)");
   app.add_flag("--group-query-attention", a->group_query_attention, "Grouped-query attention");
   app.add_option("--num-query-groups", a->num_query_groups, "Query groups (with GQA)");
@@ -192,6 +197,7 @@ absl::Status ValidateTrainArgs(TrainArgs* a) {
                          {"--hidden-dropout", a->hidden_dropout},
                          {"--attention-dropout", a->attention_dropout},
                          {"--rotary-base", a->rotary_base},
+                         {"--rope-scaling-factor", a->rope_scaling_factor},
                          {"--norm-epsilon", a->norm_epsilon}}) {
     if (!std::isfinite(v)) return bad(flag, " must be a finite number, not ", v);
   }
@@ -207,6 +213,8 @@ absl::Status ValidateTrainArgs(TrainArgs* a) {
     return bad("--adam-beta1 and --adam-beta2 must be in [0, 1)");
   if (a->adam_eps <= 0) return bad("--adam-eps must be positive, not ", a->adam_eps);
   if (a->rotary_base <= 0) return bad("--rotary-base must be positive, not ", a->rotary_base);
+  if (a->rope_scaling_factor <= 0)
+    return bad("--rope-scaling-factor must be positive, not ", a->rope_scaling_factor);
   const TrainArgs::Unsupported& u = a->unsupported;
   if (u.fp16) return bad("--fp16 is not implemented (loss scaling); use --bf16");
   if (a->context_parallel_size != 1) return bad("context parallelism is not implemented yet");
@@ -277,6 +285,8 @@ absl::Status ValidateTrainArgs(TrainArgs* a) {
     return bad("--num-attention-heads ", a->num_attention_heads, " is not divisible by TP ", tp);
   if (a->num_query_groups % tp != 0)
     return bad("--num-query-groups ", a->num_query_groups, " is not divisible by TP ", tp);
+  if (a->use_rope_scaling && a->position_embedding_type != "rope")
+    return bad("--use-rope-scaling needs --position-embedding-type rope");
   if (a->position_embedding_type == "rope" && a->kv_channels % 2 != 0)
     return bad("rope needs an even head dimension, not ", a->kv_channels);
   if (a->ffn_hidden_size % tp != 0)
@@ -386,6 +396,9 @@ ckpt::ModelConfig ModelConfigFromArgs(const TrainArgs& a) {
                                   ? ckpt::PositionEmbedding::kRope
                                   : ckpt::PositionEmbedding::kLearnedAbsolute;
   c.rotary_base = a.rotary_base;
+  // Megatron's --use-rope-scaling fixes the other three at Llama 3.1's values.
+  c.rope_scaling.llama3 = a.use_rope_scaling;
+  if (a.use_rope_scaling) c.rope_scaling.factor = a.rope_scaling_factor;
   c.add_bias_linear = !a.disable_bias_linear;
   c.add_qkv_bias = !a.disable_bias_linear || a.add_qkv_bias;
   c.untie_embeddings_and_output_weights = a.untie_embeddings;

@@ -29,6 +29,10 @@ struct TrainArgs {
   bool disable_bias_linear = false, add_qkv_bias = false;
   int64_t num_query_groups = 0;
   double rotary_base = 10000.0;
+  // Megatron's --use-rope-scaling / --rope-scaling-factor: Llama 3.1's scaling of the rotary
+  // frequencies (low_freq_factor 1, high_freq_factor 4, original context 8192).
+  bool use_rope_scaling = false;
+  double rope_scaling_factor = 8.0;
   double init_method_std = 0.02, hidden_dropout = 0.1, attention_dropout = 0.1;
   int64_t make_vocab_size_divisible_by = 128;
   double norm_epsilon = 1e-5;

@@ -30,6 +30,14 @@ std::vector<ckpt::RankTensor> Tensors(const ParamStore& params, const float* bas
   return out;
 }
 
+std::string RopeScalingText(const ckpt::RopeScaling& r) {
+  if (!r.llama3) return "none";
+  return absl::StrCat("llama3 (factor ", r.factor, ", low_freq_factor ", r.low_freq_factor,
+                      ", high_freq_factor ", r.high_freq_factor,
+                      ", original_max_position_embeddings ", r.original_max_position_embeddings,
+                      ")");
+}
+
 absl::Status CheckSameModel(const ckpt::ModelConfig& saved, const ckpt::ModelConfig& ours) {
   auto mismatch = [](const char* what, int64_t a, int64_t b) {
     return absl::InvalidArgumentError(
@@ -82,12 +90,21 @@ absl::Status CheckSameModel(const ckpt::ModelConfig& saved, const ckpt::ModelCon
     return absl::InvalidArgumentError(absl::StrCat("checkpoint has rotary_base ", saved.rotary_base,
                                                    " but this run has ", ours.rotary_base,
                                                    " (--rotary-base)"));
-  if (!(saved.rope_scaling == ours.rope_scaling))
-    return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint has rope_scaling ", saved.rope_scaling.llama3 ? "llama3" : "none",
-                     " (factor ", saved.rope_scaling.factor, ") but this run has ",
-                     ours.rope_scaling.llama3 ? "llama3" : "none", " (factor ",
-                     ours.rope_scaling.factor, "; --use-rope-scaling, --rope-scaling-factor)"));
+  if (!(saved.rope_scaling == ours.rope_scaling)) {
+    std::string message = absl::StrCat(
+        "checkpoint has rope_scaling ", RopeScalingText(saved.rope_scaling), " but this run has ",
+        RopeScalingText(ours.rope_scaling), " (--use-rope-scaling, --rope-scaling-factor)");
+    const ckpt::RopeScaling fixed;  // What --use-rope-scaling sets besides the factor.
+    const ckpt::RopeScaling& r = saved.rope_scaling;
+    if (r.llama3 && (r.low_freq_factor != fixed.low_freq_factor ||
+                     r.high_freq_factor != fixed.high_freq_factor ||
+                     r.original_max_position_embeddings != fixed.original_max_position_embeddings))
+      absl::StrAppend(&message, "; --use-rope-scaling gives low_freq_factor ",
+                      fixed.low_freq_factor, ", high_freq_factor ", fixed.high_freq_factor,
+                      " and original_max_position_embeddings ",
+                      fixed.original_max_position_embeddings, " as Megatron's does");
+    return absl::InvalidArgumentError(message);
+  }
   if (saved.params_dtype != ckpt::DType::kF32)
     return absl::InvalidArgumentError("only float32 checkpoints can be loaded by the cpu trainer");
   return absl::OkStatus();
@@ -131,6 +148,7 @@ absl::Status SaveTrainingCheckpoint(const TrainArgs& args, const ckpt::ModelLayo
   if (groups.world_rank == 0) {
     ckpt::CheckpointMetadata meta;
     meta.config = layout.config();
+    meta.config.hf_architecture = position.hf_architecture;
     meta.parallel = layout.parallel();
     meta.iteration = position.iteration;
     meta.consumed_samples = position.consumed_train_samples;
@@ -195,6 +213,7 @@ absl::Status LoadTrainingCheckpoint(const TrainArgs& args, const ckpt::ModelLayo
     optimizer.ScatterState(exp_avg, exp_avg_sq);
     optimizer.set_step(reader->metadata().optimizer_step);
   }
+  position->hf_architecture = reader->metadata().config.hf_architecture;
   if (!args.finetune) {
     position->iteration = reader->metadata().iteration < 0 ? 0 : reader->metadata().iteration;
     position->consumed_train_samples = reader->metadata().consumed_samples;

@@ -20,6 +20,9 @@ namespace leantron::trainer {
 struct TrainPosition {
   int64_t iteration = 0;
   int64_t consumed_train_samples = 0;
+  // The HF class the loaded checkpoint came from (Mistral trains as Llama does), written into the
+  // checkpoints this run saves so that `convert_hf --to-hf` gives the same class back.
+  ckpt::HfArchitecture hf_architecture = ckpt::HfArchitecture::kUnset;
 };
 
 // Collective over the world.

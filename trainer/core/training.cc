@@ -338,10 +338,18 @@ void InstallStopSignalHandler() {
 }
 
 double FlopsPerIteration(const TrainArgs& a, int64_t padded_vocab) {
-  const double h = a.hidden_size, L = a.num_layers, s = a.seq_length, ffn = a.ffn_hidden_size;
-  const double per_token =
-      L * (3 * 2 * (h * (h + 2 * h) + h * h) + 3 * 2 * 2 * h * ffn + 3 * 2 * h * s) +
-      3 * 2 * h * static_cast<double>(padded_vocab);
+  // Megatron's num_floating_point_operations for a dense GPT: every product three times (forward,
+  // data and weight gradients) at two FLOPs per multiply-add. Query width heads·kv_channels, key
+  // and value widths query_groups·kv_channels (grouped-query attention); SwiGLU's fc1 is twice as
+  // wide ([gate; up]). The logits are counted once, tied or untied, as Megatron counts them.
+  const double h = a.hidden_size, s = a.seq_length, ffn = a.ffn_hidden_size;
+  const double q = static_cast<double>(a.kv_channels) * a.num_attention_heads;
+  const double kv = static_cast<double>(a.kv_channels) * a.num_query_groups;
+  const double mlp_products = a.swiglu ? 3 : 2;
+  const double layer = h * (q + 2 * kv) + q * h  // QKV and output projections
+                       + mlp_products * h * ffn  // fc1 and fc2
+                       + q * s;                  // causal QK^T and (QK^T)V: half of 2·q·s
+  const double per_token = 3 * 2 * (a.num_layers * layer + h * static_cast<double>(padded_vocab));
   return per_token * static_cast<double>(a.global_batch_size) * s;
 }
 

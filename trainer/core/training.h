@@ -14,7 +14,9 @@ void InstallStopSignalHandler();
 
 absl::Status RunTraining(const TrainArgs& args, const LaunchInfo& launch);
 
-// Megatron's model FLOPs per iteration (../shared/specs/trainer.md), forward and backward.
+// Megatron's model FLOPs per iteration (../shared/specs/trainer.md), forward and backward, with
+// grouped-query attention (query groups, kv_channels) and SwiGLU counted as Megatron counts them.
+// `args` validated (num_query_groups and kv_channels filled in).
 double FlopsPerIteration(const TrainArgs& args, int64_t padded_vocab);
 
 }  // namespace leantron::trainer
