@@ -8,13 +8,13 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
 #include "libdata/added_tokens.h"
-#include "libfs/atomic_file.h"
 #include "libdata/piece_cache.h"
 #include "libdata/sentencepiece_model.h"
 #include "libdata/sentencepiece_normalizer.h"
 #include "libdata/string_compat.h"
 #include "libdata/token_table.h"
 #include "libdata/unicode_class.h"
+#include "libfs/atomic_file.h"
 
 namespace leantron::data {
 namespace {
@@ -23,6 +23,14 @@ using PieceType = SentencePieceModel::PieceType;
 constexpr std::string_view kSpaceSymbol = "\xE2\x96\x81";
 
 size_t OneCharLen(uint8_t lead) { return "\1\1\1\1\1\1\1\1\1\1\1\1\2\2\3\4"[lead >> 4]; }
+
+// Higher scores first: the float's bits made to sort as unsigned, then inverted.
+uint32_t ScoreOrder(float score) {
+  uint32_t bits;
+  std::memcpy(&bits, &score, 4);
+  bits = (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
+  return ~bits;
+}
 
 class SpTokenizer;
 
@@ -33,7 +41,8 @@ class SpEncoder : public TextEncoder {
 
  private:
   void EncodeWord(std::string_view word, std::vector<int32_t>* ids);
-  void Resegment(std::string_view w, std::vector<int32_t>* ids);
+  // Appends the ids of the final symbol w, piece `id` (-1: none).
+  void Resegment(std::string_view w, int32_t id, std::vector<int32_t>* ids);
   void Emit(const std::vector<int32_t>& ids, std::vector<int32_t>* out);
 
   const SpTokenizer& t_;
@@ -73,14 +82,13 @@ class SpTokenizer : public Tokenizer {
                            eos_ ? absl::StrCat(*eos_) : "none");
   }
 
-  // The piece a symbol (one character, or a user-defined symbol) is, or -1: characters of the
-  // Basic Multilingual Plane from a direct table.
-  int32_t SymbolId(std::string_view s) const {
-    const auto* p = reinterpret_cast<const uint8_t*>(s.data());
-    uint32_t cp;
-    if (s.size() <= 3 && DecodeUtf8(p, p + s.size(), &cp) == static_cast<int>(s.size()))
-      return char_id_[cp];
-    return pieces_.Find(s);
+  // The piece that the n bytes at p are, or -1; direct tables for one, two and three bytes
+  // (three as a character of the Basic Multilingual Plane: a lead byte 0xE0-0xEF and two
+  // continuation bytes, 16 bits), a hash table for the rest.
+  int32_t SymbolId(const uint8_t* p, size_t n) const {
+    if (n == 3 && (p[0] & 0xF0) == 0xE0 && (p[1] & 0xC0) == 0x80 && (p[2] & 0xC0) == 0x80)
+      return three_byte_id_[((p[0] & 0x0Fu) << 12) | ((p[1] & 0x3Fu) << 6) | (p[2] & 0x3Fu)];
+    return pieces_.Find(p, n);
   }
 
   // sentencepiece's PieceToId: reserved pieces, then ordinary ones, else unk.
@@ -97,10 +105,16 @@ class SpTokenizer : public Tokenizer {
   std::optional<SentencePieceNormalizer> normalizer_;
   TokenTable pieces_;    // NORMAL, USER_DEFINED, UNUSED
   TokenTable reserved_;  // CONTROL, UNKNOWN, BYTE
-  std::vector<int32_t> char_id_ = std::vector<int32_t>(0x10000, -1);  // one-character pieces
-  // (left piece, right piece) -> the piece of their concatenation, for every split of every
-  // piece into two pieces: merge candidates without hashing strings.
+  std::vector<int32_t> three_byte_id_ = std::vector<int32_t>(0x10000, -1);  // see SymbolId
+  // (left piece, right piece) -> the piece of their concatenation and its score order (rank:
+  // ScoreOrder as int32), for every split of every piece into two pieces: merge candidates
+  // without hashing strings or reading the pieces.
   PairTable merges_;
+  // Per piece: the id that a final symbol of this piece emits (PieceToId of its text), or -1
+  // where Resegment must look closer (UNUSED pieces, the unk id).
+  std::vector<int32_t> emit_id_;
+  std::vector<uint8_t> unused_;  // per piece: UNUSED
+  bool has_user_defined_ = false;
   int32_t unk_id_ = -1;
   int32_t byte_ids_[256] = {};
   // Text can be cut where no piece holds the bytes on both sides (no merge crosses there), unless
@@ -144,11 +158,10 @@ absl::StatusOr<std::unique_ptr<SpTokenizer>> SpTokenizer::Create(SentencePieceMo
       return error(Cat("piece \"", absl::CHexEscape(p.piece), "\" is defined twice"));
     table.Set(p.piece, id);
     if (p.type == PieceType::kUserDefined) t->user_defined_->Add(p.piece, id);
-    if (normal && p.piece.size() <= 3) {
-      uint32_t cp = 0;
-      const auto* b = reinterpret_cast<const uint8_t*>(p.piece.data());
-      if (DecodeUtf8(b, b + p.piece.size(), &cp) == static_cast<int>(p.piece.size()))
-        t->char_id_[cp] = id;
+    const auto* b = reinterpret_cast<const uint8_t*>(p.piece.data());
+    if (normal && p.piece.size() == 3 && (b[0] & 0xF0) == 0xE0 && (b[1] & 0xC0) == 0x80 &&
+        (b[2] & 0xC0) == 0x80) {
+      t->three_byte_id_[((b[0] & 0x0Fu) << 12) | ((b[1] & 0x3Fu) << 6) | (b[2] & 0x3Fu)] = id;
     }
     if (p.type == PieceType::kUnknown) {
       if (t->unk_id_ >= 0) return error("the unk piece is defined twice");
@@ -185,8 +198,20 @@ absl::StatusOr<std::unique_ptr<SpTokenizer>> SpTokenizer::Create(SentencePieceMo
       if ((static_cast<uint8_t>(s[k]) & 0xC0) == 0x80) continue;  // split between characters
       const int32_t left = t->pieces_.Find(s.substr(0, k));
       const int32_t right = left < 0 ? -1 : t->pieces_.Find(s.substr(k));
-      if (right >= 0) t->merges_.Set(left, right, {0, static_cast<int32_t>(i)});
+      if (right >= 0) {
+        t->merges_.Set(left, right,
+                       {static_cast<int32_t>(ScoreOrder(p.score)), static_cast<int32_t>(i)});
+      }
     }
+  }
+  t->has_user_defined_ = !t->user_defined_->empty();
+  t->emit_id_.assign(model.pieces.size(), -1);
+  t->unused_.assign(model.pieces.size(), 0);
+  for (size_t i = 0; i < model.pieces.size(); ++i) {
+    const auto& p = model.pieces[i];
+    t->unused_[i] = p.type == PieceType::kUnused;
+    const int32_t id = t->PieceToId(p.piece);
+    if (p.type != PieceType::kUnused && id != t->unk_id_) t->emit_id_[i] = id;
   }
   t->can_cut_ = true;
   for (const auto& p : model.pieces) {
@@ -282,14 +307,18 @@ absl::Status SpTokenizer::Decode(absl::Span<const int32_t> ids, std::string* out
   return absl::OkStatus();
 }
 
-void SpEncoder::Resegment(std::string_view w, std::vector<int32_t>* ids) {
+void SpEncoder::Resegment(std::string_view w, int32_t piece, std::vector<int32_t>* ids) {
+  if (piece >= 0 && t_.emit_id_[piece] >= 0) {
+    ids->push_back(t_.emit_id_[piece]);
+    return;
+  }
   const int32_t id = t_.PieceToId(w);
   if (t_.model_.pieces[id].type == PieceType::kUnused) {
     const auto it = rev_merge_.find(absl::string_view(w.data(), w.size()));
     if (it != rev_merge_.end()) {
       const auto parts = it->second;  // copy: the recursion may rehash the map
-      Resegment(parts.first, ids);
-      Resegment(parts.second, ids);
+      Resegment(parts.first, -1, ids);
+      Resegment(parts.second, -1, ids);
       return;
     }
   }
@@ -303,16 +332,15 @@ void SpEncoder::Resegment(std::string_view w, std::vector<int32_t>* ids) {
 void SpEncoder::EncodeWord(std::string_view word, std::vector<int32_t>* ids) {
   // Characters (user-defined symbols whole and frozen).
   symbols_.clear();
-  rev_merge_.clear();
+  if (!rev_merge_.empty()) rev_merge_.clear();
+  const auto* w = reinterpret_cast<const uint8_t*>(word.data());
   for (size_t pos = 0; pos < word.size();) {
-    const std::string_view rest = word.substr(pos);
-    size_t n = t_.user_defined_->LongestPrefix(rest);
+    size_t n = t_.has_user_defined_ ? t_.user_defined_->LongestPrefix(word.substr(pos)) : 0;
     const bool freeze = n > 0;
-    if (!freeze) n = std::min(rest.size(), OneCharLen(static_cast<uint8_t>(rest[0])));
+    if (!freeze) n = std::min(word.size() - pos, OneCharLen(w[pos]));
     const int32_t index = static_cast<int32_t>(symbols_.size());
     symbols_.push_back({static_cast<uint32_t>(pos), static_cast<uint32_t>(n), index - 1,
-                        pos + n < word.size() ? index + 1 : -1, t_.pieces_.Find(rest.substr(0, n)),
-                        freeze});
+                        pos + n < word.size() ? index + 1 : -1, t_.SymbolId(w + pos, n), freeze});
     pos += n;
   }
   // sentencepiece's agenda pops the highest score first, the leftmost on ties, and skips entries
@@ -325,31 +353,32 @@ void SpEncoder::EncodeWord(std::string_view word, std::vector<int32_t>* ids) {
   constexpr uint64_t kEmpty = ~uint64_t{0};
   tree_.assign(2 * leaves, kEmpty);
   pair_id_.resize(n);
-  // Higher scores first: the float's bits made to sort as unsigned, then inverted.
-  const auto order = [](float score) {
-    uint32_t bits;
-    std::memcpy(&bits, &score, 4);
-    bits = (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
-    return ~bits;
-  };
   const auto pair = [&](int32_t left) -> uint64_t {
     if (left < 0) return kEmpty;
     const int32_t right = symbols_[left].next;
     if (right < 0 || symbols_[left].freeze || symbols_[right].freeze) return kEmpty;
-    const uint32_t size = symbols_[left].len + symbols_[right].len;
-    const std::string_view piece = word.substr(symbols_[left].start, size);
     // Pairs of pieces come from a table of ids; only unknown characters need the string.
-    const int32_t id = symbols_[left].id >= 0 && symbols_[right].id >= 0
-                           ? t_.merges_.Find(symbols_[left].id, symbols_[right].id).merged
-                           : t_.pieces_.Find(piece);
+    uint32_t order = 0;
+    int32_t id;
+    if (symbols_[left].id >= 0 && symbols_[right].id >= 0) {
+      const PairTable::Merge m = t_.merges_.Find(symbols_[left].id, symbols_[right].id);
+      id = m.merged;
+      order = static_cast<uint32_t>(m.rank);
+    } else {
+      id = t_.pieces_.Find(
+          word.substr(symbols_[left].start, symbols_[left].len + symbols_[right].len));
+      if (id >= 0) order = ScoreOrder(t_.model_.pieces[id].score);
+    }
     if (id < 0) return kEmpty;
-    if (t_.model_.pieces[id].type == PieceType::kUnused) {
+    if (t_.unused_[id]) {
+      const std::string_view piece =
+          word.substr(symbols_[left].start, symbols_[left].len + symbols_[right].len);
       rev_merge_[absl::string_view(piece.data(), piece.size())] = {
           std::string(word.substr(symbols_[left].start, symbols_[left].len)),
           std::string(word.substr(symbols_[right].start, symbols_[right].len))};
     }
     pair_id_[left] = id;
-    return (uint64_t{order(t_.model_.pieces[id].score)} << 32) | static_cast<uint32_t>(left);
+    return (uint64_t{order} << 32) | static_cast<uint32_t>(left);
   };
   const auto set = [&](size_t i, uint64_t value) {
     size_t k = leaves + i;
@@ -377,7 +406,7 @@ void SpEncoder::EncodeWord(std::string_view word, std::vector<int32_t>* ids) {
     set(static_cast<size_t>(left), pair(left));
   }
   for (int32_t i = symbols_.empty() ? -1 : 0; i >= 0; i = symbols_[i].next) {
-    Resegment(word.substr(symbols_[i].start, symbols_[i].len), ids);
+    Resegment(word.substr(symbols_[i].start, symbols_[i].len), symbols_[i].id, ids);
   }
 }
 
