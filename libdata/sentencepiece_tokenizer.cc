@@ -1,8 +1,12 @@
 #include "libdata/sentencepiece_tokenizer.h"
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/escaping.h"
@@ -117,13 +121,26 @@ class SpTokenizer : public Tokenizer {
   bool has_user_defined_ = false;
   int32_t unk_id_ = -1;
   int32_t byte_ids_[256] = {};
-  // Text can be cut where no piece holds the bytes on both sides (no merge crosses there), unless
-  // the model has UNUSED pieces (their split-back depends on the whole text's merge history).
+  // Text can be cut between two symbols that no piece holds side by side (no merge crosses
+  // there), unless the model has UNUSED pieces (their split-back depends on the whole text's
+  // merge history). pair_filter_ is a one-hash Bloom filter over the pairs of adjacent
+  // characters inside pieces: a pair not in it is in no piece; a false positive costs a cut.
   bool can_cut_ = false;
-  uint64_t pair_in_piece_[1024] = {};
-  bool PairInSomePiece(uint8_t a, uint8_t b) const {
-    const uint32_t i = (uint32_t{a} << 8) | b;
-    return (pair_in_piece_[i >> 6] >> (i & 63)) & 1;
+  std::vector<uint64_t> pair_filter_;
+  int pair_filter_shift_ = 64;
+  // A character's bytes (1 to 4), zero-padded: the filter's half key.
+  static uint32_t CharBits(const uint8_t* p, size_t n) {
+    uint32_t v = 0;
+    for (size_t i = 0; i < n; ++i) v |= uint32_t{p[i]} << (8 * i);
+    return v;
+  }
+  size_t PairBit(uint32_t a, uint32_t b) const {
+    return static_cast<size_t>((((uint64_t{a} << 32) | b) * 0x9E3779B97F4A7C15ull) >>
+                               pair_filter_shift_);
+  }
+  bool PairInSomePiece(uint32_t a, uint32_t b) const {
+    const size_t i = PairBit(a, b);
+    return (pair_filter_[i >> 6] >> (i & 63)) & 1;
   }
   std::optional<int32_t> eos_;
 };
@@ -213,17 +230,34 @@ absl::StatusOr<std::unique_ptr<SpTokenizer>> SpTokenizer::Create(SentencePieceMo
     const int32_t id = t->PieceToId(p.piece);
     if (p.type != PieceType::kUnused && id != t->unk_id_) t->emit_id_[i] = id;
   }
+  // Characters as EncodeWord splits text (a merged symbol starts at a character, so its
+  // characters are the piece's own split).
   t->can_cut_ = true;
+  std::vector<std::pair<uint32_t, uint32_t>> char_pairs;
   for (const auto& p : model.pieces) {
     if (p.type == PieceType::kUnused) t->can_cut_ = false;
     if (p.type != PieceType::kNormal && p.type != PieceType::kUserDefined &&
         p.type != PieceType::kUnused)
       continue;
-    for (size_t i = 1; i < p.piece.size(); ++i) {
-      const uint32_t k =
-          (uint32_t{static_cast<uint8_t>(p.piece[i - 1])} << 8) | static_cast<uint8_t>(p.piece[i]);
-      t->pair_in_piece_[k >> 6] |= uint64_t{1} << (k & 63);
+    const auto* b = reinterpret_cast<const uint8_t*>(p.piece.data());
+    uint32_t prev = 0;
+    for (size_t i = 0; i < p.piece.size();) {
+      const size_t n = std::min(p.piece.size() - i, OneCharLen(b[i]));
+      const uint32_t cur = CharBits(b + i, n);
+      if (i > 0) char_pairs.emplace_back(prev, cur);
+      prev = cur;
+      i += n;
     }
+  }
+  std::sort(char_pairs.begin(), char_pairs.end());
+  char_pairs.erase(std::unique(char_pairs.begin(), char_pairs.end()), char_pairs.end());
+  size_t bits = size_t{1} << 16;  // about 16 bits per pair: few false positives
+  while (bits < 16 * char_pairs.size()) bits <<= 1;
+  t->pair_filter_.assign(bits / 64, 0);
+  t->pair_filter_shift_ = 64 - std::countr_zero(bits);
+  for (const auto& [a, b] : char_pairs) {
+    const size_t i = t->PairBit(a, b);
+    t->pair_filter_[i >> 6] |= uint64_t{1} << (i & 63);
   }
   const int32_t eos = t->PieceToId(model.eos_piece);
   if (model.pieces[eos].type == PieceType::kControl) t->eos_ = eos;
@@ -429,11 +463,21 @@ absl::Status SpEncoder::Encode(std::string_view text, std::vector<int32_t>* out)
     Emit(word_ids_, out);
     return absl::OkStatus();
   }
-  // Cut between symbols (characters, user-defined symbols) where no piece holds the two bytes
-  // around the cut: usually before each U+2581 that follows a non-space. The segments (words)
-  // merge on their own, exactly as inside the whole text, and recur, so they are cached.
-  const auto segment = [&](std::string_view word) {
+  // Cut between two characters that no piece holds side by side, and around user-defined
+  // symbols (frozen: they never merge): before each U+2581 that follows a non-space, and in CJK
+  // text between most characters. The segments merge on their own, exactly as inside the whole
+  // text, and recur, so they are cached.
+  // A segment of one symbol whose piece is known takes its id directly.
+  const auto segment = [&](std::string_view word, size_t symbols) {
     const auto* w = reinterpret_cast<const uint8_t*>(word.data());
+    if (symbols == 1) {
+      const int32_t id = t_.SymbolId(w, word.size());
+      if (id >= 0 && t_.emit_id_[id] >= 0) {  // never unk
+        out->push_back(t_.emit_id_[id]);
+        prev_unk_ = false;
+        return;
+      }
+    }
     word_ids_.clear();
     if (!cache_.Lookup(w, word.size(), &word_ids_)) {
       EncodeWord(word, &word_ids_);
@@ -442,18 +486,25 @@ absl::Status SpEncoder::Encode(std::string_view text, std::vector<int32_t>* out)
     Emit(word_ids_, out);
   };
   const auto* p = reinterpret_cast<const uint8_t*>(norm.data());
-  size_t start = 0;
+  size_t start = 0, symbols = 0;  // the segment: its start, its symbols
+  uint32_t prev = 0;
+  bool prev_frozen = false;
   for (size_t pos = 0; pos < norm.size();) {
-    if (pos > start && !t_.PairInSomePiece(p[pos - 1], p[pos])) {
-      segment(norm.substr(start, pos - start));
+    size_t n = t_.has_user_defined_ ? t_.user_defined_->LongestPrefix(norm.substr(pos)) : 0;
+    const bool frozen = n > 0;
+    if (!frozen) n = std::min(norm.size() - pos, OneCharLen(p[pos]));
+    const uint32_t cur = frozen ? 0 : SpTokenizer::CharBits(p + pos, n);
+    if (pos > start && (frozen || prev_frozen || !t_.PairInSomePiece(prev, cur))) {
+      segment(norm.substr(start, pos - start), symbols);
       start = pos;
+      symbols = 0;
     }
-    const std::string_view rest = norm.substr(pos);
-    size_t n = t_.user_defined_->LongestPrefix(rest);
-    if (n == 0) n = std::min(rest.size(), OneCharLen(p[pos]));
+    ++symbols;
+    prev = cur;
+    prev_frozen = frozen;
     pos += n;
   }
-  if (start < norm.size()) segment(norm.substr(start));
+  if (start < norm.size()) segment(norm.substr(start), symbols);
   return absl::OkStatus();
 }
 
