@@ -153,13 +153,14 @@ void SentencePieceNormalizer::NormalizeIdentity(std::string_view input, std::str
       continue;
     }
     uint32_t cp;
-    const int len = DecodeUtf8(p, end, &cp);
-    if (len == 0) {
+    int len;
+    while (q < end && *q >= 0x80 && (len = DecodeUtf8(q, end, &cp)) > 0) q += len;
+    if (q > p) {  // a run of valid characters outside ASCII
+      out->append(reinterpret_cast<const char*>(p), q - p);
+      p = q;
+    } else {
       out->append(kReplacement);
       ++p;
-    } else {
-      out->append(reinterpret_cast<const char*>(p), len);
-      p += len;
     }
     is_prev_space = false;
   }
