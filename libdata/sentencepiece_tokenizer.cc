@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -35,6 +36,8 @@ uint32_t ScoreOrder(float score) {
   bits = (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
   return ~bits;
 }
+
+static_assert(std::endian::native == std::endian::little);
 
 class SpTokenizer;
 
@@ -128,7 +131,8 @@ class SpTokenizer : public Tokenizer {
   bool can_cut_ = false;
   std::vector<uint64_t> pair_filter_;
   int pair_filter_shift_ = 64;
-  // A character's bytes (1 to 4), zero-padded: the filter's half key.
+  // A character's bytes (1 to 4), zero-padded: the filter's half key (Encode loads it as a
+  // little-endian word).
   static uint32_t CharBits(const uint8_t* p, size_t n) {
     uint32_t v = 0;
     for (size_t i = 0; i < n; ++i) v |= uint32_t{p[i]} << (8 * i);
@@ -486,25 +490,44 @@ absl::Status SpEncoder::Encode(std::string_view text, std::vector<int32_t>* out)
     Emit(word_ids_, out);
   };
   const auto* p = reinterpret_cast<const uint8_t*>(norm.data());
+  const size_t size = norm.size();
   size_t start = 0, symbols = 0;  // the segment: its start, its symbols
-  uint32_t prev = 0;
-  bool prev_frozen = false;
-  for (size_t pos = 0; pos < norm.size();) {
-    size_t n = t_.has_user_defined_ ? t_.user_defined_->LongestPrefix(norm.substr(pos)) : 0;
-    const bool frozen = n > 0;
-    if (!frozen) n = std::min(norm.size() - pos, OneCharLen(p[pos]));
-    const uint32_t cur = frozen ? 0 : SpTokenizer::CharBits(p + pos, n);
-    if (pos > start && (frozen || prev_frozen || !t_.PairInSomePiece(prev, cur))) {
-      segment(norm.substr(start, pos - start), symbols);
-      start = pos;
-      symbols = 0;
+  // The loop without user-defined symbols (as Llama 2's model) and with them.
+  const auto scan = [&](auto with_user_defined) {
+    uint32_t prev = 0;
+    bool prev_frozen = false;
+    for (size_t pos = 0; pos < size;) {
+      size_t n = 0;
+      if constexpr (with_user_defined) n = t_.user_defined_->LongestPrefix(norm.substr(pos));
+      const bool frozen = n > 0;
+      uint32_t cur = 0;
+      if (!frozen) {
+        n = OneCharLen(p[pos]);
+        if (pos + 4 <= size) {  // the character's bytes from one load
+          std::memcpy(&cur, p + pos, 4);
+          cur &= 0xFFFFFFFFu >> (32 - 8 * n);
+        } else {
+          n = std::min(size - pos, n);
+          cur = SpTokenizer::CharBits(p + pos, n);
+        }
+      }
+      if (pos > start && (frozen || prev_frozen || !t_.PairInSomePiece(prev, cur))) {
+        segment(norm.substr(start, pos - start), symbols);
+        start = pos;
+        symbols = 0;
+      }
+      ++symbols;
+      prev = cur;
+      prev_frozen = frozen;
+      pos += n;
     }
-    ++symbols;
-    prev = cur;
-    prev_frozen = frozen;
-    pos += n;
+  };
+  if (t_.has_user_defined_) {
+    scan(std::true_type());
+  } else {
+    scan(std::false_type());
   }
-  if (start < norm.size()) segment(norm.substr(start), symbols);
+  if (start < size) segment(norm.substr(start), symbols);
   return absl::OkStatus();
 }
 
