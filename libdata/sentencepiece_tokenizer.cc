@@ -48,6 +48,11 @@ class SpEncoder : public TextEncoder {
 
  private:
   void EncodeWord(std::string_view word, std::vector<int32_t>* ids);
+  // EncodeWord for a segment of 2 to kScanSymbols characters that are all pieces, in a model
+  // without UNUSED pieces: the best pair found by a scan of a few ids instead of the tree.
+  // Returns false (nothing appended) where a character is not a piece.
+  bool MergeScan(std::string_view word, std::vector<int32_t>* ids);
+  static constexpr size_t kScanSymbols = 16;
   // Appends the ids of the final symbol w, piece `id` (-1: none).
   void Resegment(std::string_view w, int32_t id, std::vector<int32_t>* ids);
   void Emit(const std::vector<int32_t>& ids, std::vector<int32_t>* out);
@@ -448,6 +453,53 @@ void SpEncoder::EncodeWord(std::string_view word, std::vector<int32_t>* ids) {
   }
 }
 
+bool SpEncoder::MergeScan(std::string_view word, std::vector<int32_t>* ids) {
+  int32_t id[kScanSymbols];
+  uint32_t order[kScanSymbols];  // of the pair (id[i], id[i + 1]); kNone: no merge
+  int32_t merged[kScanSymbols];
+  constexpr uint32_t kNone = ~uint32_t{0};  // above every ScoreOrder
+  const auto* w = reinterpret_cast<const uint8_t*>(word.data());
+  size_t count = 0;
+  for (size_t pos = 0; pos < word.size();) {
+    const size_t n = std::min(word.size() - pos, OneCharLen(w[pos]));
+    const int32_t s = t_.SymbolId(w + pos, n);
+    if (s < 0) return false;
+    id[count++] = s;
+    pos += n;
+  }
+  const auto pair = [&](size_t i) {
+    const PairTable::Merge m = t_.merges_.Find(id[i], id[i + 1]);
+    order[i] = m.merged >= 0 ? static_cast<uint32_t>(m.rank) : kNone;
+    merged[i] = m.merged;
+  };
+  for (size_t i = 0; i + 1 < count; ++i) pair(i);
+  for (;;) {  // the highest score, the leftmost on ties, as sentencepiece's agenda
+    uint32_t best = kNone;
+    for (size_t i = 0; i + 1 < count; ++i) best = std::min(best, order[i]);
+    if (best == kNone) break;
+    size_t at = 0;
+    while (order[at] != best) ++at;
+    id[at] = merged[at];
+    const size_t tail = count - at - 2;
+    std::memmove(id + at + 1, id + at + 2, tail * sizeof(int32_t));
+    if (tail > 0) {
+      std::memmove(order + at + 1, order + at + 2, (tail - 1) * sizeof(uint32_t));
+      std::memmove(merged + at + 1, merged + at + 2, (tail - 1) * sizeof(int32_t));
+    }
+    --count;
+    if (at + 1 < count) pair(at);
+    if (at > 0) pair(at - 1);
+  }
+  for (size_t i = 0; i < count; ++i) {
+    if (t_.emit_id_[id[i]] >= 0) {
+      ids->push_back(t_.emit_id_[id[i]]);
+    } else {
+      Resegment(t_.model_.pieces[id[i]].piece, id[i], ids);
+    }
+  }
+  return true;
+}
+
 void SpEncoder::Emit(const std::vector<int32_t>& ids, std::vector<int32_t>* out) {
   // Consecutive unknown pieces are one unknown (byte fallback expands them instead).
   for (int32_t id : ids) {
@@ -484,7 +536,8 @@ absl::Status SpEncoder::Encode(std::string_view text, std::vector<int32_t>* out)
     }
     word_ids_.clear();
     if (!cache_.Lookup(w, word.size(), &word_ids_)) {
-      EncodeWord(word, &word_ids_);
+      if (symbols < 2 || symbols > kScanSymbols || !MergeScan(word, &word_ids_))
+        EncodeWord(word, &word_ids_);
       if (word.size() <= 256) cache_.Insert(w, word.size(), word_ids_.data(), word_ids_.size());
     }
     Emit(word_ids_, out);
