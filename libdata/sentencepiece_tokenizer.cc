@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
 #include "libdata/added_tokens.h"
@@ -242,7 +243,7 @@ absl::StatusOr<std::unique_ptr<SpTokenizer>> SpTokenizer::Create(SentencePieceMo
   // Characters as EncodeWord splits text (a merged symbol starts at a character, so its
   // characters are the piece's own split).
   t->can_cut_ = true;
-  std::vector<std::pair<uint32_t, uint32_t>> char_pairs;
+  absl::flat_hash_set<uint64_t> char_pairs;  // (first << 32 | second)
   for (const auto& p : model.pieces) {
     if (p.type == PieceType::kUnused) t->can_cut_ = false;
     if (p.type != PieceType::kNormal && p.type != PieceType::kUserDefined &&
@@ -253,19 +254,17 @@ absl::StatusOr<std::unique_ptr<SpTokenizer>> SpTokenizer::Create(SentencePieceMo
     for (size_t i = 0; i < p.piece.size();) {
       const size_t n = std::min(p.piece.size() - i, OneCharLen(b[i]));
       const uint32_t cur = CharBits(b + i, n);
-      if (i > 0) char_pairs.emplace_back(prev, cur);
+      if (i > 0) char_pairs.insert((uint64_t{prev} << 32) | cur);
       prev = cur;
       i += n;
     }
   }
-  std::sort(char_pairs.begin(), char_pairs.end());
-  char_pairs.erase(std::unique(char_pairs.begin(), char_pairs.end()), char_pairs.end());
   size_t bits = size_t{1} << 16;  // about 16 bits per pair: few false positives
   while (bits < 16 * char_pairs.size()) bits <<= 1;
   t->pair_filter_.assign(bits / 64, 0);
   t->pair_filter_shift_ = 64 - std::countr_zero(bits);
-  for (const auto& [a, b] : char_pairs) {
-    const size_t i = t->PairBit(a, b);
+  for (const uint64_t ab : char_pairs) {
+    const size_t i = t->PairBit(static_cast<uint32_t>(ab >> 32), static_cast<uint32_t>(ab));
     t->pair_filter_[i >> 6] |= uint64_t{1} << (i & 63);
   }
   const int32_t eos = t->PieceToId(model.eos_piece);
