@@ -17,6 +17,7 @@ agree. Corpora: scripts/make_corpora.py (english, multilingual, cjk, code). MB =
 UTF-8 text; best of --repeat.
 
   python3 bench/tokenizer_families_bench.py [--megabytes 8] [--repeat 3]
+      [--tokenizers sp_llama2_32k,...] [--only-corpora cjk,...]
 """
 import argparse
 import io
@@ -93,6 +94,11 @@ def main():
     ap.add_argument("--corpora", default=str(ROOT / ".cache" / "corpora-tf"))
     ap.add_argument("--cache", default=str(ROOT / ".cache" / "bench-tokenizers"))
     ap.add_argument("--skip-build", action="store_true", help="reuse --corpora as they are")
+    ap.add_argument("--tokenizers", default="",
+                    help="comma-separated rows to run (gpt2_hf, llama3_32k, sp_llama2_32k, "
+                    "gpt2_tiktoken, gpt2); all when empty")
+    ap.add_argument("--only-corpora", default="",
+                    help=f"comma-separated corpora to time ({', '.join(CORPORA)}); all when empty")
     ap.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     corpora_dir = pathlib.Path(args.corpora)
@@ -146,10 +152,14 @@ def main():
          ["--tiktoken-file", str(vocab_dir() / "gpt2.tiktoken")],
          lambda docs: sum(len(enc.encode_ordinary(d)) for d in docs)),
     ]
+    only = set(filter(None, args.tokenizers.split(",")))
+    timed = [c for c in CORPORA if c in args.only_corpora.split(",") or not args.only_corpora]
     print("| tokenizer | corpus | MB | reference | reference MB/s | Leantron MB/s | × |")
     print("|---|---|---:|---|---:|---:|---:|")
     for name, ref_name, ours_args, ref_fn in setups:
-        for corpus in CORPORA:
+        if only and name.split(" ")[0] not in only:
+            continue
+        for corpus in timed:
             docs = corpora[corpus]
             mb = sum(len(d.encode()) for d in docs) / 1e6
             ref_s, ref_tokens = best(args.repeat, lambda: ref_fn(docs))
@@ -158,6 +168,7 @@ def main():
             ref_mbps = mb / ref_s
             print(f"| {name} | {corpus} | {mb:.1f} | {ref_name} | {ref_mbps:.1f} | "
                   f"{our_mbps:.1f} | {our_mbps / ref_mbps:.1f}× |", flush=True)
+            print("load average %.2f %.2f %.2f" % os.getloadavg(), file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -22,13 +22,21 @@ class PieceCache {
   // Appends the cached ids of [p, p+n) to out and returns true, or returns false.
   bool Lookup(const uint8_t* p, size_t n, std::vector<int32_t>* out) const {
     const uint64_t head = Head(p, n);
+    const uint64_t tail = Tail(p, n);
     const size_t mask = slots_.size() - 1;
-    for (size_t i = Hash(head, p, n) & mask;; i = (i + 1) & mask) {
+    for (size_t i = Hash(head, tail, n) & mask;; i = (i + 1) & mask) {
       const Slot& s = slots_[i];
       if (s.len == 0) return false;
+      // Up to 16 bytes, the first and the last 8 cover the key.
       if (s.head == head && s.len == n &&
-          (n <= 8 || std::memcmp(keys_.data() + s.key + 8, p + 8, n - 8) == 0)) {
-        out->insert(out->end(), ids_.begin() + s.ids, ids_.begin() + s.ids + s.count);
+          (n <= 8 || (n <= 16 ? Tail(keys_.data() + s.key, n) == tail
+                              : std::memcmp(keys_.data() + s.key + 8, p + 8, n - 8) == 0))) {
+        const int32_t* ids = ids_.data() + s.ids;
+        if (s.count == 1) {
+          out->push_back(ids[0]);
+        } else {
+          out->insert(out->end(), ids, ids + s.count);
+        }
         return true;
       }
     }
@@ -39,7 +47,7 @@ class PieceCache {
     if (entries_ >= max_entries_) Clear();
     const uint64_t head = Head(p, n);
     const size_t mask = slots_.size() - 1;
-    size_t i = Hash(head, p, n) & mask;
+    size_t i = Hash(head, Tail(p, n), n) & mask;
     while (slots_[i].len != 0) i = (i + 1) & mask;
     slots_[i] = Slot{head, static_cast<uint32_t>(n), static_cast<uint32_t>(keys_.size()),
                      static_cast<uint32_t>(ids_.size()), static_cast<uint32_t>(count)};
@@ -70,9 +78,12 @@ class PieceCache {
     }
     return h;
   }
-  static size_t Hash(uint64_t head, const uint8_t* p, size_t n) {
+  static uint64_t Tail(const uint8_t* p, size_t n) {  // the last 8 bytes when there are more
     uint64_t tail = 0;
     if (n > 8) std::memcpy(&tail, p + n - 8, 8);
+    return tail;
+  }
+  static size_t Hash(uint64_t head, uint64_t tail, size_t n) {
     uint64_t x = head ^ (tail * 0xC2B2AE3D27D4EB4Full) ^ (n * 0x165667B19E3779F9ull);
     x ^= x >> 32;
     x *= 0x9E3779B97F4A7C15ull;

@@ -1,5 +1,7 @@
 #include "libdata/sentencepiece_normalizer.h"
 
+#include <simdjson.h>
+
 #include <cstring>
 
 #include "libdata/string_compat.h"
@@ -137,6 +139,22 @@ void SentencePieceNormalizer::NormalizeIdentity(std::string_view input, std::str
   out->reserve(input.size() + input.size() / 4 + 8);
   if (!treat_whitespace_as_suffix_ && spec_.add_dummy_prefix) out->append(space);
   bool is_prev_space = collapse;
+  if (simdjson::validate_utf8(reinterpret_cast<const char*>(p), end - p)) {
+    // Valid UTF-8 (the usual case, checked at SIMD speed): only spaces change.
+    while (p < end) {
+      const auto* q = static_cast<const uint8_t*>(std::memchr(p, ' ', end - p));
+      if (q == nullptr) q = end;
+      if (q > p) {
+        out->append(reinterpret_cast<const char*>(p), q - p);
+        is_prev_space = false;
+      }
+      if (q == end) break;
+      if (!is_prev_space) out->append(space);
+      is_prev_space = collapse;
+      p = q + 1;
+    }
+    p = end;
+  }
   while (p < end) {
     const uint8_t* q = p;
     while (q < end && *q < 0x80 && *q != ' ') ++q;  // a run of ASCII other than space
@@ -153,13 +171,14 @@ void SentencePieceNormalizer::NormalizeIdentity(std::string_view input, std::str
       continue;
     }
     uint32_t cp;
-    const int len = DecodeUtf8(p, end, &cp);
-    if (len == 0) {
+    int len;
+    while (q < end && *q >= 0x80 && (len = DecodeUtf8(q, end, &cp)) > 0) q += len;
+    if (q > p) {  // a run of valid characters outside ASCII
+      out->append(reinterpret_cast<const char*>(p), q - p);
+      p = q;
+    } else {
       out->append(kReplacement);
       ++p;
-    } else {
-      out->append(reinterpret_cast<const char*>(p), len);
-      p += len;
     }
     is_prev_space = false;
   }

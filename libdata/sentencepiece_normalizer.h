@@ -31,7 +31,8 @@ class SentencePieceNormalizer {
   // The normalized text for the longest rule matching a prefix of `input` (or the first
   // character as it is) and how many input bytes it consumes.
   std::pair<std::string_view, size_t> NormalizePrefix(std::string_view input) const;
-  // Normalize() for a model without rules or user-defined symbols, byte by byte.
+  // Normalize() for a model without rules or user-defined symbols: valid UTF-8 copied between
+  // spaces, invalid text byte by byte.
   void NormalizeIdentity(std::string_view input, std::string* out) const;
   // Darts-clone commonPrefixSearch: the longest key that prefixes `input` and its value.
   bool LongestRule(std::string_view input, size_t* length, uint32_t* value) const;

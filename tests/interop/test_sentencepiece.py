@@ -64,6 +64,31 @@ def test_ids_match_on_real_text_and_random_unicode(models, corpora, name):
     assert first_difference(ours, ref, texts, lambda ids: [sp.id_to_piece(i) for i in ids]) is None
 
 
+def test_cjk_text_cut_between_characters(tmp_path):
+    # Text is cut between two characters that no piece holds side by side. A model trained on
+    # Japanese and Chinese holds thousands of multi-character pieces, so the cuts fall inside CJK
+    # runs and segments of every length merge (one character, the scan, the tree, byte fallback
+    # for characters outside the vocabulary).
+    docs = make_corpora(tmp_path / "corpora", megabytes=1.0, names=["cjk"])["cjk"]
+    train, test = docs[: len(docs) // 2], docs[len(docs) // 2:]
+    lines = [line for doc in train for line in doc.split("\n") if line.strip()]
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=buf,
+                                   model_type="bpe", vocab_size=6000, minloglevel=2,
+                                   **CONFIGS["llama2"])
+    path = tmp_path / "cjk.model"
+    path.write_bytes(buf.getvalue())
+    sp = spm.SentencePieceProcessor(model_file=str(path))
+    multi = sum(1 for i in range(sp.get_piece_size())
+                if sum(ord(c) >= 0x3000 for c in sp.id_to_piece(i)) >= 2)
+    assert multi > 1000, multi  # pieces spanning two or more CJK characters
+    texts = test + random_texts(seed=5, count=200)
+    ref = [sp.encode_as_ids(t) for t in texts]
+    assert any(sp.is_byte(i) for ids in ref for i in ids)  # some characters fall back to bytes
+    ours = encode_many(args_for(path), texts)
+    assert first_difference(ours, ref, texts, lambda ids: [sp.id_to_piece(i) for i in ids]) is None
+
+
 @pytest.mark.parametrize("type_", ["Llama2Tokenizer", "GPTSentencePieceTokenizer"])
 def test_the_three_megatron_types_share_the_encoding(models, corpora, type_):
     _, test = corpora

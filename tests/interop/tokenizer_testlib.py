@@ -9,11 +9,11 @@ import sys
 from tiktoken_ref import BIN, ROOT
 
 
-def make_corpora(out_dir, megabytes=1.5):
+def make_corpora(out_dir, megabytes=1.5, names=("english", "multilingual", "code")):
     subprocess.run([sys.executable, str(ROOT / "scripts/make_corpora.py"), "--out", str(out_dir),
-                    "--megabytes", str(megabytes)], check=True, capture_output=True)
+                    "--megabytes", str(megabytes), *names], check=True, capture_output=True)
     docs = {}
-    for name in ["english", "multilingual", "code"]:
+    for name in names:
         with open(out_dir / f"{name}.jsonl", encoding="utf-8") as f:
             docs[name] = [json.loads(line)["text"] for line in f]
     return docs
