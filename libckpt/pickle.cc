@@ -577,7 +577,11 @@ absl::Status Unpickler::Step(uint8_t op) {
     case kBuild: {
       TRY_ASSIGN(state, Pop());
       TRY_ASSIGN(target, Top());
-      if (target->kind != PyKind::kCall) return Error(Cat("BUILD on a ", PyKindName(target->kind)));
+      // An OrderedDict's state is its instance attributes (torch's state_dict() sets _metadata).
+      const bool attributes_of_dict = target->kind == PyKind::kDict && state->kind == PyKind::kDict;
+      if (target->kind != PyKind::kCall && !attributes_of_dict) {
+        return Error(Cat("BUILD on a ", PyKindName(target->kind)));
+      }
       target->state = state;
       return absl::OkStatus();
     }

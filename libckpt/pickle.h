@@ -57,7 +57,7 @@ struct PyValue {
   PyValue* callable = nullptr;      // kCall
   PyValue* args = nullptr;          // kCall (a tuple), kPersistent (the id)
   PyValue* kwargs = nullptr;        // kCall from NEWOBJ_EX
-  PyValue* state = nullptr;         // kCall after BUILD
+  PyValue* state = nullptr;         // kCall after BUILD; kDict: an OrderedDict's attributes
   std::vector<PyValue*> set_items;  // kCall: SETITEM pairs, key, value, ...
 
   bool IsStr(std::string_view text) const { return kind == PyKind::kStr && s == text; }

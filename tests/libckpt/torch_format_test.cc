@@ -59,6 +59,34 @@ TEST(Pickle, DataValuesAndDataConstructors) {
   EXPECT_TRUE(DictGet(od, "k")->boolean);
 }
 
+TEST(Pickle, OrderedDictAttributesAreBuiltAndOtherBuildsRefused) {
+  // pickle.dumps(d, protocol=2) of OrderedDict(a=1) with d._metadata set, as torch's state_dict()
+  // (Python 3.11): BUILD applies the attribute dict to the OrderedDict.
+  const std::string bytes =
+      "\x80\x02"
+      "ccollections\nOrderedDict\nq\x00)Rq\x01X\x01\x00\x00\x00"
+      "aq\x02K\x01s}q\x03"
+      "X\t\x00\x00\x00_metadataq\x04h\x00)Rq\x05X\x00\x00\x00\x00q\x06}q\x07"
+      "X\x07\x00\x00\x00versionq\x08K\x01sssb."s;
+  auto pickle = Unpickle(bytes);
+  ASSERT_TRUE(pickle.ok()) << pickle.status();
+  const PyValue* root = (*pickle)->root();
+  ASSERT_EQ(root->kind, PyKind::kDict);
+  EXPECT_EQ(DictGet(root, "a")->integer, 1);
+  EXPECT_EQ(DictGet(root, "_metadata"), nullptr);  // an attribute, not an item
+  ASSERT_NE(root->state, nullptr);
+  EXPECT_NE(DictGet(root->state, "_metadata"), nullptr);
+  // BUILD on a list, or a dict given a non-dict state, is not a pickle Python writes.
+  for (const std::string& bad : {"\x80\x02]K\x01"
+                                 "b."s,
+                                 "\x80\x02}K\x01"
+                                 "b."s}) {
+    auto refused = Unpickle(bad);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("BUILD on a"), std::string::npos) << refused.status();
+  }
+}
+
 TEST(Pickle, ProtocolTwoBytesAndLongIntegers) {
   // _codecs.encode('\xff\x00', 'latin1') is protocol 2's bytes; LONG1 of 2**80.
   const std::string bytes = "\x80\x02"s + "c_codecs\nencode\nX\x03\x00\x00\x00\xc3\xbf\x00"s +
