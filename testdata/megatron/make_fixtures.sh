@@ -116,6 +116,13 @@ megatron() {  # NPROC ARGS...: pretrain_gpt.py under torchrun, Megatron's prebui
     "$MEGATRON/pretrain_gpt.py" "$@"
 }
 
+same_run() {  # LOG_A LOG_B: the same loss, grad norm and skips at every iteration, digit for digit
+  local a b
+  a=$(grep -oE "iteration +[0-9]+/.*" "$1" | sed -E 's/elapsed time per iteration \(ms\): [0-9.]+ \|//')
+  b=$(grep -oE "iteration +[0-9]+/.*" "$2" | sed -E 's/elapsed time per iteration \(ms\): [0-9.]+ \|//')
+  [[ -n "$a" && "$a" == "$b" ]] || { diff <(echo "$a") <(echo "$b") | tee -a "$LOG"; return 1; }
+}
+
 status=0
 made=()
 for row in "${FIXTURES[@]}"; do
@@ -137,10 +144,25 @@ for row in "${FIXTURES[@]}"; do
   grep -E "iteration +[0-9]+/" "$out/train.log" | tee -a "$LOG"
   it_dir="$out/ckpt/iter_0000003"
   [[ -d "$it_dir" ]] || { say "$name: no iter_0000003 saved"; status=1; continue; }
-  # What Megatron itself makes of the checkpoint, merged: a fully reshardable torch_dist copy,
-  # unless the run already saved one (torch_dist without the distributed optimizer).
+  # What Megatron itself makes of the checkpoint, merged over TP/PP/DP: a torch_dist copy with the
+  # optimizer state in model space. Without the distributed optimizer Megatron converts the saved
+  # checkpoint (--ckpt-convert-format), unless the run already saved one (torch_dist). With it,
+  # Megatron without TransformerEngine or Apex cannot load its own distributed-optimizer files
+  # (torch.optim.Adam keeps a 'step' tensor per parameter that the files do not hold: KeyError
+  # 'step' in _set_main_param_and_optimizer_states), so a twin run with the same flags and seed
+  # saves --ckpt-format torch_dist --dist-ckpt-optim-fully-reshardable instead, and must log the
+  # same loss and grad norm at every iteration (same_run checks).
   dcp="$it_dir"
-  if [[ "$format" == torch || "$distopt" == 1 ]]; then
+  if ((distopt)); then
+    if ! megatron "$gpus" "${run[@]}" --ckpt-format torch_dist --dist-ckpt-optim-fully-reshardable \
+        --save "$out/twin" >"$out/twin.log" 2>&1; then
+      say "$name: twin run failed"; tail -n 40 "$out/twin.log" | tee -a "$LOG"; status=1; continue
+    fi
+    if ! same_run "$out/train.log" "$out/twin.log"; then
+      say "$name: the twin run logged other figures"; status=1; continue
+    fi
+    dcp="$out/twin/iter_0000003"
+  elif [[ "$format" == torch ]]; then
     if ! megatron "$gpus" "${run[@]}" --ckpt-format "$format" --load "$out/ckpt" \
         --ckpt-convert-format torch_dist --ckpt-convert-save "$out/convert" \
         --dist-ckpt-optim-fully-reshardable >"$out/convert.log" 2>&1; then
@@ -153,7 +175,7 @@ for row in "${FIXTURES[@]}"; do
   rm -rf "$dest"
   mkdir -p "$dest"
   cp -r "$out/ckpt" "$dest/ckpt"
-  if ! python3 "$HERE/dump_fixture.py" dump --dcp "$dcp" --out "$dest/dump.safetensors" \
+  if ! PYTHONPATH="$MEGATRON" python3 "$HERE/dump_fixture.py" dump --dcp "$dcp" --out "$dest/dump.safetensors" \
       --meta "$dest/meta.json" --set "name=$name" --set "model=$model" --set "format=$format" \
       --set "tp=$tp" --set "pp=$pp" --set "dp=$dp" --set "distributed_optimizer=$distopt" \
       2>&1 | tee -a "$LOG"; then

@@ -19,7 +19,10 @@
 #    flags (--no-load-rng: Leantron writes no RNG state) and trains iterations 6..8. Its loss at 6
 #    depends on the loaded weights (and the data position), at 7 and 8 also on the loaded Adam
 #    state, step and learning-rate schedule. They must equal Leantron's within float32 rounding of
-#    two implementations (relative 2e-5; logged to 7 digits).
+#    two implementations (relative 2e-5; logged to 7 digits). Megatron logs the mean of 6 and 7 at
+#    7 (it does not reset its sums after a run's first iteration). The distributed-optimizer files
+#    are read by a copy of Megatron with three lines of its no-TE/Apex fallback fixed (below); the
+#    stock run's error is logged.
 # 5. A control: the same resume with --no-load-optim must miss Leantron's loss at 7 by more than
 #    that tolerance, else the check could not tell a lost optimizer state.
 # Logs and a summary land in $OUT (or /tmp/leantron-out); exit 0 only when every check holds.
@@ -91,10 +94,39 @@ megatron() {
 }
 status=0
 megatron --load "$W/megatron_plain" >"$OUT/resume_megatron_plain.log" 2>&1 || status=1
-megatron --load "$W/megatron_distopt" --use-distributed-optimizer \
-  >"$OUT/resume_megatron_distopt.log" 2>&1 || status=1
 megatron --load "$W/megatron_plain" --no-load-optim >"$OUT/resume_megatron_no_optim.log" 2>&1 || status=1
 ((status)) && say "a pretrain_gpt.py run failed (logs in $OUT)"
+# Megatron without TransformerEngine or Apex (this machine) cannot load a torch-format
+# distributed-optimizer checkpoint at all, its own included (make_fixtures.sh meets the same):
+# _set_main_param_and_optimizer_states copies every state tensor of torch.optim.Adam, 'step'
+# among them, which the files do not hold (KeyError 'step' in bf16), and copies into fp32 main
+# weights that are views of leaf tensors outside no_grad (RuntimeError in fp32); and load_state_dict
+# gives every parameter the same 'step' tensor, which torch.optim.Adam then increments once per
+# parameter each iteration (a wrong bias correction from the first step on). The stock run is
+# logged; the check runs a copy of Megatron with those three lines fixed (the step restored from
+# the param groups, one tensor per parameter, as its HybridDeviceOptimizer branch already does).
+megatron --load "$W/megatron_distopt" --use-distributed-optimizer \
+  >"$OUT/resume_megatron_distopt_stock.log" 2>&1 \
+  && say "distopt: stock Megatron loaded the distributed-optimizer files" \
+  || say "distopt: stock Megatron failed to load: $(grep -ohE '(KeyError|RuntimeError): .*' \
+    "$OUT/resume_megatron_distopt_stock.log" | head -n 1)"
+cp -r "$MEGATRON" "$W/megatron-fixed"
+python3 - "$W/megatron-fixed/megatron/core/optimizer/distrib_optimizer.py" <<'PATCH'
+import sys
+path = sys.argv[1]
+text = open(path).read()
+edits = [("    def _set_main_param_and_optimizer_states(self, model_param, tensors):",
+          "    @torch.no_grad()\n    def _set_main_param_and_optimizer_states(self, model_param, tensors):"),
+         ("            for key in dst_tensors:\n",
+          "            for key in dst_tensors:\n                if key not in tensors:\n                    continue\n"),
+         ('                s["step"] = step\n', '                s["step"] = step.clone()\n')]
+for old, new in edits:
+    assert text.count(old) == 1, f"{path}: no single {old!r}: another Megatron-LM?"
+    text = text.replace(old, new)
+open(path, "w").write(text)
+PATCH
+MEGATRON="$W/megatron-fixed" megatron --load "$W/megatron_distopt" --use-distributed-optimizer \
+  >"$OUT/resume_megatron_distopt.log" 2>&1 || { status=1; say "distopt (fixed Megatron) failed"; }
 
 # 5. compare
 python3 - "$OUT" <<'EOF' | tee -a "$SUMMARY"
@@ -109,22 +141,26 @@ ours = losses("resume_ours.log")
 ok = all(i in ours for i in range(1, 9))
 print("Leantron straight run (lr, loss):", {i: ours.get(i) for i in range(1, 9)})
 TOL = 2e-5
+# Megatron does not reset its loss sums after the first iteration of a run (training_log:
+# should_reset = not is_first_iteration), so what it logs at 7 is the mean of 6 and 7.
+def logged(i):
+    return (ours[6][1] + ours[7][1]) / 2 if i == 7 else ours[i][1]
 for variant in ("plain", "distopt"):
     got = losses(f"resume_megatron_{variant}.log")
     for i in (6, 7, 8):
-        if i not in got or i not in ours:
+        if i not in got or any(j not in ours for j in (6, i)):
             print(f"{variant}: iteration {i}: missing (Megatron logged {sorted(got)})"); ok = False; continue
-        rel = abs(got[i][1] - ours[i][1]) / abs(ours[i][1])
+        rel = abs(got[i][1] - logged(i)) / abs(logged(i))
         good = rel <= TOL and abs(got[i][0] - ours[i][0]) <= 1e-6 * abs(ours[i][0]) + 1e-12
         ok &= good
         print(f"{variant}: iteration {i}: Megatron lr {got[i][0]:.6E} loss {got[i][1]:.6E}, "
-              f"Leantron lr {ours[i][0]:.6E} loss {ours[i][1]:.6E}, relative {rel:.1e} "
-              f"{'OK' if good else 'MISMATCH'}")
+              f"Leantron lr {ours[i][0]:.6E} loss {logged(i):.6E}{' (mean of 6, 7)' if i == 7 else ''}, "
+              f"relative {rel:.1e} {'OK' if good else 'MISMATCH'}")
     if 5 in got or min(got, default=6) < 6:
         print(f"{variant}: Megatron did not resume at 5 (logged {sorted(got)})"); ok = False
 control = losses("resume_megatron_no_optim.log")
 if 7 in control and 7 in ours:
-    rel = abs(control[7][1] - ours[7][1]) / abs(ours[7][1])
+    rel = abs(control[7][1] - logged(7)) / abs(logged(7))
     sound = rel > TOL
     ok &= sound
     print(f"control --no-load-optim: iteration 7 loss {control[7][1]:.6E}, relative {rel:.1e} "
