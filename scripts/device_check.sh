@@ -40,7 +40,7 @@ fi
 if [[ "$what" == tests || "$what" == all || "$what" == pytest ]]; then
   echo "== tests/gpu/test_gpu_train.py tests/gpu/test_gpu_llama.py"
   python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_gpu_train.py \
-    tests/gpu/test_gpu_llama.py -s \
+    tests/gpu/test_gpu_llama.py -s ${PYTEST_K:+-k "$PYTEST_K"} \
     >"$OUT/pytest_gpu.log" 2>&1 || status=1
   tail -n 40 "$OUT/pytest_gpu.log"
   skips "$OUT/pytest_gpu.log"

@@ -151,6 +151,34 @@ def test_selective_norm_recompute_is_exact(dataset, arch):
     assert 6 <= kept - redone <= 8
 
 
+@pytest.mark.parametrize("arch", [[], ["--swiglu"], LLAMA], ids=["gpt2", "swiglu", "llama"])
+def test_selective_mlp_recompute_is_exact(dataset, arch):
+    """--recompute-modules mlp keeps no fc1 or activation outputs: the backward runs fc1 (and its
+    GELU or SwiGLU) again from the pre-MLP norm's output, the same products on the same rows, so
+    the losses and gradient norms are bitwise those of the plain run, with layernorm too, and the
+    MLP's outputs no longer count in the activation memory. (TP2+SP: test_multi_gpu.)"""
+    args = common(dataset, 5) + ["--bf16", "--deterministic-mode", "--hidden-dropout", "0.1"] + arch
+    plain = parse_log(run_train(args).stdout)
+    for modules in (["mlp"], ["layernorm", "mlp"]):
+        redo = parse_log(run_train(args + ["--recompute-granularity", "selective",
+                                           "--recompute-modules", *modules]).stdout)
+        assert sorted(redo[0]) == list(range(1, 6))
+        assert redo == plain, modules
+    # 4 layers x (fc1 output + activation) of 16 x 64 rows, bf16, less the pair every layer
+    # shares: GELU's ffn is 4h = 2048 (fc1 as wide), SwiGLU's Megatron's 2/3 of it rounded down
+    # to 64, 1344 (fc1 twice as wide): 24 and 23.6 MiB.
+    wide = common(dataset, 2) + ["--bf16", "--hidden-size", "512", "--num-attention-heads", "8",
+                                 "--micro-batch-size", "16", "--global-batch-size", "16"] + arch
+    kept = activation_mb(run_train(wide).stdout)
+    redone = activation_mb(run_train(wide + ["--recompute-granularity", "selective",
+                                             "--recompute-modules", "mlp"]).stdout)
+    print("activation MB: MLP outputs kept", kept, "recomputed", redone)
+    ffn = 1344 if "--swiglu" in arch else 2048
+    fc1 = 2 * ffn if "--swiglu" in arch else ffn
+    expected = 3 * (fc1 + ffn) * 16 * 64 * 2 / 2**20
+    assert abs((kept - redone) - expected) <= 2, (kept, redone)
+
+
 @pytest.mark.parametrize("extra,layers,softmaxes", [
     (["--recompute-granularity", "full", "--recompute-method", "uniform",
       "--recompute-num-layers", "1"], 4, 0),

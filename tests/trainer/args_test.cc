@@ -214,11 +214,11 @@ TEST(ArgsTest, RecomputeModulesAreAListOfMegatronsNames) {
     extra.insert(extra.begin(), selective.begin(), selective.end());
     return extra;
   };
-  EXPECT_TRUE(Check(with({"--recompute-modules", "core_attn", "layernorm"}), 1).ok());
-  EXPECT_EQ(msg(Check(with({"--recompute-modules", "layernorm", "mlp"}), 1)),
-            "--recompute-modules mlp is not implemented (core_attn and layernorm are)");
+  EXPECT_TRUE(Check(with({"--recompute-modules", "core_attn", "layernorm", "mlp"}), 1).ok());
+  EXPECT_EQ(msg(Check(with({"--recompute-modules", "layernorm", "moe_act"}), 1)),
+            "--recompute-modules moe_act is not implemented (core_attn, layernorm and mlp are)");
   EXPECT_EQ(msg(Check(with({"--recompute-modules", "norms"}), 1)),
-            "--recompute-modules takes core_attn or layernorm, not norms");
+            "--recompute-modules takes core_attn, layernorm or mlp, not norms");
   CLI::App app;
   TrainArgs args;
   AddTrainFlags(app, &args);

@@ -388,10 +388,11 @@ absl::Status ValidateTrainArgs(TrainArgs* a) {
       return bad("--recompute-granularity must be full or selective, not ",
                  a->recompute_granularity);
     for (const std::string& m : a->recompute_modules) {
-      if (m == "mlp" || m == "moe_act" || m == "moe" || m == "shared_experts" || m == "mla_up_proj")
-        return bad("--recompute-modules ", m, " is not implemented (core_attn and layernorm are)");
-      if (m != "core_attn" && m != "layernorm")
-        return bad("--recompute-modules takes core_attn or layernorm, not ", m);
+      if (m == "moe_act" || m == "moe" || m == "shared_experts" || m == "mla_up_proj")
+        return bad("--recompute-modules ", m,
+                   " is not implemented (core_attn, layernorm and mlp are)");
+      if (m != "core_attn" && m != "layernorm" && m != "mlp")
+        return bad("--recompute-modules takes core_attn, layernorm or mlp, not ", m);
     }
     if (a->recompute_granularity == "full") {
       if (a->recompute_method != "uniform" && a->recompute_method != "block")

@@ -1,6 +1,7 @@
 #include "trainer/core/model_builder.h"
 
 #include "absl/algorithm/container.h"
+#include "absl/strings/str_cat.h"
 #include "trainer/reference/model.h"
 #ifdef LEANTRON_HAVE_CUDA
 #include "trainer/cuda/nn/bf16_model.h"
@@ -32,6 +33,7 @@ ModelOptions ModelOptionsFromArgs(const TrainArgs& args) {
   };
   mo.recompute_attention = module("core_attn");
   mo.recompute_norms = module("layernorm");
+  mo.recompute_mlp = module("mlp");
   mo.cp_comm_type = ParseCpCommType(args.cp_comm_type).value_or(CpCommType::kP2P);
   return mo;
 }
@@ -112,10 +114,11 @@ absl::StatusOr<TrainingModel> BuildTrainingModel(const TrainArgs& args, ProcessG
 #endif
   } else {
     const ModelOptions mo = ModelOptionsFromArgs(args);
-    if (mo.recompute_norms)
+    if (mo.recompute_norms || mo.recompute_mlp)
       return absl::UnimplementedError(
-          "--recompute-modules layernorm is implemented in the bf16 model (--bf16); the float32 "
-          "model keeps its norm outputs");
+          absl::StrCat("--recompute-modules ", mo.recompute_norms ? "layernorm" : "mlp",
+                       " is implemented in the bf16 model (--bf16); the float32 model keeps its ",
+                       mo.recompute_norms ? "norm" : "MLP", " outputs"));
     for (int v = 0; v < vpp; ++v) {
       m.models.push_back(std::make_unique<ReferenceModel>(
           m.ops.get(), *m.layout, g.tp.get(), g.cp.get(), m.params.get(), g.coords.pp, v, mo));

@@ -39,11 +39,14 @@ struct ModelOptions {
   // input and run their forward again in the backward (Megatron's full granularity); with
   // `recompute_attention` the other layers drop the softmax matrix and recompute it (selective).
   // With `recompute_norms` (selective, layernorm; the bf16 model) layers keep no norm outputs:
-  // the backward normalises their stored inputs again, into one buffer all layers share.
+  // the backward normalises their stored inputs again, into one buffer all layers share. With
+  // `recompute_mlp` (selective, mlp; the bf16 model) layers keep no fc1 or activation outputs:
+  // the backward runs fc1 and the activation again from the pre-MLP norm's output.
   // Dropout masks are functions of the sample, so recomputed activations are bitwise the same.
   int recompute_layers = 0;
   bool recompute_attention = false;
   bool recompute_norms = false;
+  bool recompute_mlp = false;
   // How attention meets the other CP ranks' tokens (with a cp group of more than one rank).
   CpCommType cp_comm_type = CpCommType::kP2P;
 };

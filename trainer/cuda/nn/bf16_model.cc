@@ -105,6 +105,7 @@ class Bf16Model final : public StageModel {
   std::unique_ptr<TransformerLayer::Acts> shared_acts_;  // recomputed layers
   bf16* shared_act_ = nullptr;                           // --recompute-gelu
   bf16* shared_norm_ = nullptr;                          // --recompute-modules layernorm
+  bf16* shared_pre_ = nullptr;                           // --recompute-modules mlp
   bf16 *junk_ = nullptr, *lnf_full_ = nullptr, *dlnf_full_ = nullptr;
   bf16* dx_ = nullptr;  // the residual stream's gradient, this rank's rows
   bf16 *recv_input_, *recv_grad_;
@@ -267,20 +268,27 @@ Bf16Model::Slot& Bf16Model::GetSlot(int index) {
   for (size_t l = 0; l <= layers_.size(); ++l) s->x.push_back(memory_.Alloc<bf16>(rows_l * h));
   if (opt_.model.recompute_norms && shared_norm_ == nullptr)
     shared_norm_ = memory_.Alloc<bf16>(n * h);
-  for (const TransformerLayer& layer : layers_) {
-    // With GELU recomputation every layer shares one activation buffer, rebuilt in the backward.
-    if (opt_.recompute_gelu && shared_act_ == nullptr) {
+  // With GELU or MLP recomputation every layer shares one activation buffer (and with MLP
+  // recomputation one fc1 output buffer), rebuilt in the backward: as wide as the widest layer's.
+  if ((opt_.recompute_gelu || opt_.model.recompute_mlp) && shared_act_ == nullptr) {
+    int64_t ffn = 0, fc1 = 0;
+    for (const TransformerLayer& layer : layers_) {
       const LayerShard shard = ShardOf(spec_.layers[layer.global_index()], tp_->size());
-      shared_act_ = memory_.Alloc<bf16>(n * shard.ffn);
+      ffn = std::max(ffn, shard.ffn);
+      fc1 = std::max(fc1, shard.fc1_width);
     }
-    if (layer.recompute()) {
+    shared_act_ = memory_.Alloc<bf16>(n * ffn);
+    if (opt_.model.recompute_mlp) shared_pre_ = memory_.Alloc<bf16>(n * fc1);
+  }
+  for (const TransformerLayer& layer : layers_) {
+    if (layer.recompute()) {  // the whole forward runs again: fc1's output is kept for it
       if (!shared_acts_) {
         shared_acts_ =
             std::make_unique<TransformerLayer::Acts>(layer.MakeActs(shared_act_, shared_norm_));
       }
       s->acts.push_back(*shared_acts_);
     } else {
-      s->acts.push_back(layer.MakeActs(shared_act_, shared_norm_));
+      s->acts.push_back(layer.MakeActs(shared_act_, shared_norm_, shared_pre_));
     }
   }
   if (last_stage_) {
@@ -412,7 +420,7 @@ void Bf16Model::Backward(int slot, const float* doutput, float loss_scale) {
     if (layer.recompute()) {
       layer.Recompute(s.x[l], a, Drop(s, layer.global_index(), 1));
       ++recomputed_layers_;
-    } else if (opt_.recompute_gelu) {
+    } else if (opt_.recompute_gelu && !a.mlp_recomputed) {
       layer.RecomputeActivation(a);
     }
     dbranch =

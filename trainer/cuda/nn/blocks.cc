@@ -104,6 +104,15 @@ RowParallelOutput MlpBlock::Forward(bf16* in, const Acts& a) const {
   return fc2_.Forward("matmul fwd fc2", a.act);
 }
 
+void MlpBlock::Recompute(const bf16* in, const Acts& a) const {
+  if (tanh_) {
+    fc1_.ForwardGeluAgain("recompute", in, a.pre, a.act);
+    return;
+  }
+  fc1_.ForwardAgain("recompute", in, a.pre);
+  RecomputeActivation(a);
+}
+
 void MlpBlock::RecomputeActivation(const Acts& a) const {
   if (gated_) {
     ctx_.prof().Begin("swiglu");

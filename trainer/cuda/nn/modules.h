@@ -113,6 +113,9 @@ class MlpBlock {
   RowParallelOutput Forward(bf16* in, const Acts& a) const;
   // Rebuilds a.act from a.pre (GELU recomputation).
   void RecomputeActivation(const Acts& a) const;
+  // Rebuilds a.pre and a.act from `in`, all rows present (selective recomputation, mlp): the
+  // forward's products on the same blocks of rows, so bitwise the same.
+  void Recompute(const bf16* in, const Acts& a) const;
   void Backward(bf16* dout, const bf16* in, const Acts& a, bf16* din) const;
 
  private:

@@ -14,7 +14,8 @@ TransformerLayer::TransformerLayer(const ModuleContext& ctx, const LayerSpec& sp
       attention_(ctx, spec, shard, core, w),
       mlp_(ctx, spec, shard, w) {}
 
-TransformerLayer::Acts TransformerLayer::MakeActs(bf16* shared_act, bf16* shared_norm) const {
+TransformerLayer::Acts TransformerLayer::MakeActs(bf16* shared_act, bf16* shared_norm,
+                                                  bf16* shared_pre) const {
   DeviceMemory& m = *ctx_.memory;
   const RowGeometry& g = ctx_.rows();
   const int64_t n = g.rows, h = g.hidden;
@@ -25,7 +26,8 @@ TransformerLayer::Acts TransformerLayer::MakeActs(bf16* shared_act, bf16* shared
   a.attention.att = m.Alloc<bf16>(n * shard_.attn_width);
   a.mid = m.Alloc<bf16>(g.local_rows * h);
   a.ln2 = a.norms_recomputed ? shared_norm : m.Alloc<bf16>(n * h);
-  a.mlp.pre = m.Alloc<bf16>(n * shard_.fc1_width);
+  a.mlp_recomputed = shared_pre != nullptr;
+  a.mlp.pre = a.mlp_recomputed ? shared_pre : m.Alloc<bf16>(n * shard_.fc1_width);
   a.mlp.act = shared_act != nullptr ? shared_act : m.Alloc<bf16>(n * shard_.ffn);
   a.ln1_stats = {m.Alloc<float>(g.local_rows), m.Alloc<float>(g.local_rows)};
   a.ln2_stats = {m.Alloc<float>(g.local_rows), m.Alloc<float>(g.local_rows)};
@@ -61,6 +63,7 @@ bf16* TransformerLayer::Backward(bf16* dx, bf16* dmlp_out, const bf16* x, const 
                                  const HiddenDropout& input_drop) const {
   TensorParallel& tp = ctx_.tp();
   if (a.norms_recomputed) RenormAll(pre_mlp_norm_, a.mid, a.ln2, a.ln2_stats);
+  if (a.mlp_recomputed) mlp_.Recompute(a.ln2, a.mlp);
   mlp_.Backward(dmlp_out, a.ln2, a.mlp, ctx_.dln);
   bf16* dattention_out =
       pre_mlp_norm_.Backward(dx, tp.LocalRows(ctx_.dln), dx, a.mid, a.ln2_stats, attention_drop);

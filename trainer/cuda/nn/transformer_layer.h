@@ -20,6 +20,9 @@ class TransformerLayer {
     // Selective recomputation (layernorm): ln1 and ln2 are one buffer every layer shares, and
     // the backward normalises x and mid again before it reads them.
     bool norms_recomputed = false;
+    // Selective recomputation (mlp): mlp.pre and mlp.act are buffers every layer shares, and the
+    // backward runs fc1 and the activation again from ln2 before the MLP's backward.
+    bool mlp_recomputed = false;
     bf16* mid = nullptr;  // the residual stream between the blocks, local rows
     Norm::Stats ln1_stats, ln2_stats;
     AttentionBlock::Acts attention;
@@ -33,8 +36,9 @@ class TransformerLayer {
   const Norm& input_norm() const { return input_norm_; }
   // Activations for one micro-batch; `shared_act`, when given, is the MLP activation buffer every
   // layer shares (GELU recomputation), `shared_norm` the norm output buffer (all rows, hidden
-  // wide) every layer shares (norm recomputation).
-  Acts MakeActs(bf16* shared_act, bf16* shared_norm) const;
+  // wide) every layer shares (norm recomputation), `shared_pre` fc1's output buffer every layer
+  // shares (MLP recomputation, with `shared_act`).
+  Acts MakeActs(bf16* shared_act, bf16* shared_norm, bf16* shared_pre = nullptr) const;
 
   // The input norm: x = residual + dropout(branch) into x_out (or x = branch.local without a
   // residual), then a.ln1 (this rank's rows; the QKV product gathers the rest).

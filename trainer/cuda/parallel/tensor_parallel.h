@@ -64,6 +64,9 @@ class TensorParallel {
   // gemm(first_row, rows) on each block of rows as soon as it is present, so the transfer of the
   // next block overlaps the product on this one; otherwise gemm(0, all rows).
   void GatherRun(bf16* full, const char* op, const std::function<void(int64_t, int64_t)>& gemm);
+  // gemm(first_row, rows) on the blocks of rows GatherRun runs, with no communication: `full`
+  // already holds all rows. The same product shapes, so a recomputation is bitwise the same.
+  void RunBlocks(const char* op, const std::function<void(int64_t, int64_t)>& gemm);
   // In one NCCL group on the TP stream: `count` bf16 from `send` to TP rank `to`, into `recv` from
   // rank `from`.
   void SendRecv(const char* op, const bf16* send, int to, bf16* recv, int from, size_t count);

@@ -27,6 +27,19 @@ void ColumnParallelLinear::ForwardGelu(const char* op, bf16* in, bf16* pre, bf16
   });
 }
 
+void ColumnParallelLinear::ForwardAgain(const char* op, const bf16* in, bf16* out) const {
+  ctx_.tp->RunBlocks(op, [&](int64_t r0, int64_t rows) {
+    ctx_.mm->Forward(out + r0 * n_, in + r0 * k_, w_, b_, rows, k_, n_);
+  });
+}
+
+void ColumnParallelLinear::ForwardGeluAgain(const char* op, const bf16* in, bf16* pre,
+                                            bf16* out) const {
+  ctx_.tp->RunBlocks(op, [&](int64_t r0, int64_t rows) {
+    ctx_.mm->ForwardGelu(out + r0 * n_, pre + r0 * n_, in + r0 * k_, w_, b_, rows, k_, n_);
+  });
+}
+
 // Under SP on two ranks of one node: the rows the peer keeps first, sent while the weight
 // gradient is computed, then this rank's rows accumulated onto the peer's partial sums of them.
 // Otherwise the whole product, then its TP reduction beside the weight gradient.

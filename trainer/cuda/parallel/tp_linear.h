@@ -58,6 +58,10 @@ class ColumnParallelLinear {
   void Forward(const char* op, bf16* in, bf16* out) const;
   // The same with tanh GELU in the epilogue: pre = in · Wᵀ + b, out = gelu(pre).
   void ForwardGelu(const char* op, bf16* in, bf16* pre, bf16* out) const;
+  // Forward and ForwardGelu again when `in` holds all rows already (a recomputation in the
+  // backward): no gather, the same products, so the same bits.
+  void ForwardAgain(const char* op, const bf16* in, bf16* out) const;
+  void ForwardGeluAgain(const char* op, const bf16* in, bf16* pre, bf16* out) const;
   // din = dout · W reduced over TP (this rank's rows in place inside the all-rows `din`; all rows
   // without SP), dW += doutᵀ · in and db += Σ dout meanwhile.
   void Backward(const char* op, const bf16* dout, const bf16* in, bf16* din) const;
