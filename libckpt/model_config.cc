@@ -81,8 +81,9 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
                                           " attention heads are not divisible into ",
                                           c.num_query_groups, " query groups"));
   }
-  // Written into metadata.json and config.json: NaN or infinity would not even be JSON.
-  if (!std::isfinite(c.norm_epsilon) || c.norm_epsilon < 0) {
+  // Written into metadata.json and config.json: NaN or infinity would not even be JSON, and -0
+  // would come back as 0 (JSON's integer -0).
+  if (!std::isfinite(c.norm_epsilon) || std::signbit(c.norm_epsilon)) {
     return absl::InvalidArgumentError(
         Cat("model config: norm_epsilon ", c.norm_epsilon, " is not a finite number >= 0"));
   }
