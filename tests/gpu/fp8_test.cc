@@ -131,6 +131,49 @@ TEST_F(Fp8Test, CastsRoundSaturateAndTransposeBitForBit) {
   }
 }
 
+// The 64 x 64 vectorised tiles (cols a multiple of 4, and rows too with the transpose), whole and
+// cut at the edges, from float and bf16; and a shape that falls back to the scalar tiles.
+TEST_F(Fp8Test, VectorisedTilesAndTheirEdgesBitForBit) {
+  struct Shape {
+    int64_t rows, cols;
+  };
+  for (const Shape sh : {Shape{128, 192}, Shape{68, 100}, Shape{4, 4}, Shape{66, 64}}) {
+    for (const bool from_bf16 : {false, true}) {
+      SCOPED_TRACE(testing::Message()
+                   << sh.rows << " x " << sh.cols << (from_bf16 ? " bf16" : " float"));
+      const Fp8Format f = from_bf16 ? Fp8Format::kE4M3 : Fp8Format::kE5M2;
+      const std::vector<float> probes = Probes(f);
+      std::vector<float> x(sh.rows * sh.cols);
+      for (size_t i = 0; i < x.size(); ++i) x[i] = probes[(i * 7919) % probes.size()];
+      if (from_bf16) x = RoundT<bf16>(x);
+      const float scale = 0.75f;
+      Dev<float> dscale(std::vector<float>{scale}), amax(std::vector<float>{0.0f});
+      Dev<uint8_t> q(x.size()), qt(x.size());
+      if (from_bf16) {
+        Dev<bf16> dx(ToT<bf16>(x));
+        CastToFp8<bf16>(q.get(), qt.get(), amax.get(), dx.get(), sh.rows, sh.cols, dscale.get(), f,
+                        MainStream());
+      } else {
+        Dev<float> dx(x);
+        CastToFp8<float>(q.get(), qt.get(), amax.get(), dx.get(), sh.rows, sh.cols, dscale.get(), f,
+                         MainStream());
+      }
+      const auto got = q.Download(), got_t = qt.Download();
+      float want_amax = 0;
+      for (int64_t r = 0; r < sh.rows; ++r) {
+        for (int64_t c = 0; c < sh.cols; ++c) {
+          const float v = x[r * sh.cols + c];
+          if (!std::isnan(v)) want_amax = std::max(want_amax, std::fabs(v));
+          ASSERT_TRUE(SameValue(Decode(got[r * sh.cols + c], f), RoundFp8(v * scale, f)))
+              << r << "," << c << ": " << v;
+          ASSERT_EQ(got_t[c * sh.rows + r], got[r * sh.cols + c]) << r << "," << c;
+        }
+      }
+      EXPECT_EQ(amax.Download()[0], want_amax);
+    }
+  }
+}
+
 // bf16 inputs (what the model casts): the same rounding from bf16's values; AbsMax alone.
 TEST_F(Fp8Test, Bf16InputsAndAbsMax) {
   std::vector<float> x = RoundT<bf16>(Rand(64 * 48, 171, 40.0f));
@@ -162,6 +205,48 @@ TEST_F(Fp8Test, ScaleUpdate) {
     const float want = amax_v == 3.5f ? 57344.0f / 3.5f / 2.0f : 7.0f;
     EXPECT_EQ(scale.Download()[0], want) << amax_v;
     EXPECT_EQ(inv.Download()[0], amax_v == 3.5f ? 1.0f / want : 1.0f / 7) << amax_v;
+  }
+}
+
+// Delayed scaling against a host model of TransformerEngine's update (amax from the whole history
+// or the newest entry, the roll, history[0] cleared, the scale from it unless 0 or not finite),
+// over steps whose casts record amax values, including 0 and NaN steps.
+TEST_F(Fp8Test, DelayedScalingHistoryFollowsTheHostModel) {
+  for (const int len : {1, 4, 16}) {
+    for (const bool most_recent : {false, true}) {
+      SCOPED_TRACE(testing::Message()
+                   << "history " << len << (most_recent ? " most_recent" : " max"));
+      const Fp8Format f = Fp8Format::kE4M3;
+      const float margin = 1.0f;
+      std::vector<float> h(len, 0.0f);
+      float scale = 1.0f, scale_inv = 1.0f;
+      Dev<float> dh(h), ds(std::vector<float>{scale}), dsi(std::vector<float>{scale_inv});
+      const auto amaxes = Rand(40, 175, 50.0f);
+      for (int step = 0; step < 40; ++step) {
+        // This step's casts record their amax into history[0] (as CastToFp8's amax does).
+        float a = std::fabs(amaxes[step]);
+        if (step % 13 == 5) a = 0.0f;
+        if (step % 17 == 9) a = NAN;
+        h[0] = std::isnan(a) ? h[0] : std::max(h[0], a);
+        LT_CUDA_CHECK(cudaMemcpy(dh.get(), h.data(), sizeof(float), cudaMemcpyHostToDevice));
+        UpdateFp8DelayedScale(dh.get(), len, most_recent, ds.get(), dsi.get(), f, margin,
+                              MainStream());
+        float used = h[0];
+        if (!most_recent)
+          for (float v : h) used = std::max(used, v);
+        const float newest = h[0];
+        for (int i = 0; i + 1 < len; ++i) h[i] = h[i + 1];
+        h[len - 1] = newest;
+        h[0] = 0.0f;
+        if (used > 0.0f && std::isfinite(used)) {
+          scale = 448.0f / used / 2.0f;
+          scale_inv = 1.0f / scale;
+        }
+        ASSERT_EQ(dh.Download(), h) << "step " << step;
+        ASSERT_EQ(ds.Download()[0], scale) << "step " << step;
+        ASSERT_EQ(dsi.Download()[0], scale_inv) << "step " << step;
+      }
+    }
   }
 }
 

@@ -38,4 +38,12 @@ void CastFromFp8(T* x, const uint8_t* q, size_t n, const float* scale_inv, Fp8Fo
 void ComputeFp8Scale(float* scale, float* scale_inv, const float* amax, Fp8Format format,
                      float margin, cudaStream_t s);
 
+// TransformerEngine's delayed scaling (Megatron's --fp8-recipe delayed), after a step whose casts
+// recorded their amax into history[0] (CastToFp8's amax): the scale from max(history)
+// (--fp8-amax-compute-algo max) or history[0] (most_recent), as ComputeFp8Scale; the history rolls
+// one place towards its start, the newest amax moving to its end, and history[0] is cleared for
+// the next step. `history` holds `len` floats on the device (--fp8-amax-history-len).
+void UpdateFp8DelayedScale(float* history, int len, bool most_recent, float* scale,
+                           float* scale_inv, Fp8Format format, float margin, cudaStream_t s);
+
 }  // namespace leantron::trainer::cuda

@@ -30,8 +30,23 @@ __device__ __forceinline__ float WarpMax(float v) {
   return v;
 }
 
+// The block's maximum of m (every thread calls it), one atomic per block: atomics of every warp
+// on the one address serialise in L2 and cost more than the cast.
+__device__ __forceinline__ void BlockMaxAbs(float* amax, float m) {
+  __shared__ float warp_max[32];
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  const int warps = (blockDim.x * blockDim.y + 31) / 32;
+  m = WarpMax(m);
+  if ((tid & 31) == 0) warp_max[tid / 32] = m;
+  __syncthreads();
+  if (tid < 32) {
+    m = WarpMax(tid < warps ? warp_max[tid] : 0.0f);
+    if (tid == 0 && m > 0.0f) AtomicMaxAbs(amax, m);
+  }
+}
+
 // A block per 32 x 32 tile, 32 x 8 threads: reads along rows, writes `out` along rows and, through
-// shared memory, `out_t` along its rows (the columns of x).
+// shared memory, `out_t` along its rows (the columns of x). Any shape.
 constexpr int kTile = 32, kTileRows = 8;
 
 template <typename T>
@@ -53,15 +68,77 @@ __global__ void CastToFp8Kernel(uint8_t* out, uint8_t* out_t, float* amax, const
       tile[i][tx] = q;
     }
   }
-  if (amax != nullptr) {
-    m = WarpMax(m);
-    if (tx == 0 && m > 0.0f) AtomicMaxAbs(amax, m);
-  }
+  if (amax != nullptr) BlockMaxAbs(amax, m);
   if (out_t == nullptr) return;
   __syncthreads();
   for (int i = ty; i < kTile; i += kTileRows) {
     const int64_t c = c0 + i, r = r0 + tx;
     if (r < rows && c < cols) out_t[c * rows + r] = tile[tx][i];
+  }
+}
+
+// Four adjacent elements as floats, in one 8-byte (bf16) or 16-byte (float) load.
+__device__ __forceinline__ void Load4(const bf16* p, float v[4]) {
+  const uint2 raw = *reinterpret_cast<const uint2*>(p);
+  const __nv_bfloat162 a = *reinterpret_cast<const __nv_bfloat162*>(&raw.x),
+                       b = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
+  v[0] = __low2float(a);
+  v[1] = __high2float(a);
+  v[2] = __low2float(b);
+  v[3] = __high2float(b);
+}
+__device__ __forceinline__ void Load4(const float* p, float v[4]) {
+  const float4 raw = *reinterpret_cast<const float4*>(p);
+  v[0] = raw.x;
+  v[1] = raw.y;
+  v[2] = raw.z;
+  v[3] = raw.w;
+}
+
+// The same cast on 64 x 64 tiles, 16 x 16 threads, four adjacent elements per thread and step:
+// one vector load and one 4-byte store of `out`, and 4-byte stores of four adjacent elements of a
+// row of `out_t`. Needs cols a multiple of 4 (and rows too with out_t) and aligned pointers.
+constexpr int kVecTile = 64, kVecThreads = 16;
+
+template <typename T>
+__global__ void CastToFp8Vec4Kernel(uint8_t* out, uint8_t* out_t, float* amax, const T* x,
+                                    int64_t rows, int64_t cols, const float* scale_p,
+                                    Fp8Format f) {
+  __shared__ uint8_t tile[kVecTile][kVecTile + 4];
+  const float scale = *scale_p;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kVecTile,
+                c0 = static_cast<int64_t>(blockIdx.x) * kVecTile;
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t c = c0 + 4 * tx;
+  float m = 0.0f;
+  for (int i = ty; i < kVecTile; i += kVecThreads) {
+    const int64_t r = r0 + i;
+    if (r < rows && c < cols) {
+      float v[4];
+      Load4(x + r * cols + c, v);
+      uint32_t packed = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        m = fmaxf(m, fabsf(v[j]));
+        const uint8_t q = ToFp8(v[j] * scale, f);
+        tile[i][4 * tx + j] = q;
+        packed |= static_cast<uint32_t>(q) << (8 * j);
+      }
+      *reinterpret_cast<uint32_t*>(out + r * cols + c) = packed;
+    }
+  }
+  if (amax != nullptr) BlockMaxAbs(amax, m);
+  if (out_t == nullptr) return;
+  __syncthreads();
+  const int64_t r = r0 + 4 * tx;
+  for (int i = ty; i < kVecTile; i += kVecThreads) {
+    const int64_t cc = c0 + i;
+    if (cc < cols && r < rows) {
+      const uint32_t packed = tile[4 * tx][i] | static_cast<uint32_t>(tile[4 * tx + 1][i]) << 8 |
+                              static_cast<uint32_t>(tile[4 * tx + 2][i]) << 16 |
+                              static_cast<uint32_t>(tile[4 * tx + 3][i]) << 24;
+      *reinterpret_cast<uint32_t*>(out_t + cc * rows + r) = packed;
+    }
   }
 }
 
@@ -71,8 +148,7 @@ __global__ void AbsMaxKernel(float* amax, const T* x, size_t n) {
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x)
     m = fmaxf(m, fabsf(ToFloat(x[i])));
-  m = WarpMax(m);
-  if ((threadIdx.x & 31) == 0 && m > 0.0f) AtomicMaxAbs(amax, m);
+  BlockMaxAbs(amax, m);
 }
 
 template <typename T>
@@ -92,6 +168,31 @@ __global__ void ComputeFp8ScaleKernel(float* scale, float* scale_inv, const floa
   *scale_inv = 1.0f / sc;
 }
 
+// TransformerEngine's delayed scaling, after a step whose casts recorded their amax in
+// history[0]: amax = max(history) or history[0]; the history rolls one place towards its start
+// (history[i] = history[i + 1], the newest value moving to the end) and history[0] is cleared for
+// the next step; then the scale as ComputeFp8Scale. One thread: histories are short.
+__global__ void DelayedScaleKernel(float* history, int len, bool most_recent, float* scale,
+                                   float* scale_inv, float fp8_max, float margin) {
+  float a = history[0];
+  if (!most_recent)
+    for (int i = 1; i < len; ++i) a = fmaxf(a, history[i]);
+  const float newest = history[0];
+  for (int i = 0; i + 1 < len; ++i) history[i] = history[i + 1];
+  history[len - 1] = newest;
+  history[0] = 0.0f;
+  if (!(a > 0.0f) || !isfinite(a)) return;
+  float sc = fp8_max / a / exp2f(margin);
+  if (!isfinite(sc)) sc = 3.4028234663852886e38f;
+  *scale = sc;
+  *scale_inv = 1.0f / sc;
+}
+
+template <typename T>
+bool Aligned(const T* p, size_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
 }  // namespace
 
 float Fp8Max(Fp8Format f) { return f == Fp8Format::kE4M3 ? 448.0f : 57344.0f; }
@@ -100,10 +201,20 @@ template <typename T>
 void CastToFp8(uint8_t* out, uint8_t* out_t, float* amax, const T* x, int64_t rows, int64_t cols,
                const float* scale, Fp8Format format, cudaStream_t s) {
   if (rows == 0 || cols == 0) return;
-  const dim3 grid(static_cast<unsigned>(CeilDiv(cols, int64_t{kTile})),
-                  static_cast<unsigned>(CeilDiv(rows, int64_t{kTile})));
-  CastToFp8Kernel<T>
-      <<<grid, dim3(kTile, kTileRows), 0, s>>>(out, out_t, amax, x, rows, cols, scale, format);
+  const bool vec = cols % 4 == 0 && (out_t == nullptr || rows % 4 == 0) &&
+                   Aligned(x, 4 * sizeof(T)) && Aligned(out, 4) &&
+                   (out_t == nullptr || Aligned(out_t, 4));
+  if (vec) {
+    const dim3 grid(static_cast<unsigned>(CeilDiv(cols, int64_t{kVecTile})),
+                    static_cast<unsigned>(CeilDiv(rows, int64_t{kVecTile})));
+    CastToFp8Vec4Kernel<T><<<grid, dim3(kVecThreads, kVecThreads), 0, s>>>(
+        out, out_t, amax, x, rows, cols, scale, format);
+  } else {
+    const dim3 grid(static_cast<unsigned>(CeilDiv(cols, int64_t{kTile})),
+                    static_cast<unsigned>(CeilDiv(rows, int64_t{kTile})));
+    CastToFp8Kernel<T>
+        <<<grid, dim3(kTile, kTileRows), 0, s>>>(out, out_t, amax, x, rows, cols, scale, format);
+  }
   LT_CUDA_LAUNCH_CHECK();
 }
 
@@ -127,6 +238,13 @@ void CastFromFp8(T* x, const uint8_t* q, size_t n, const float* scale_inv, Fp8Fo
 void ComputeFp8Scale(float* scale, float* scale_inv, const float* amax, Fp8Format format,
                      float margin, cudaStream_t s) {
   ComputeFp8ScaleKernel<<<1, 1, 0, s>>>(scale, scale_inv, amax, Fp8Max(format), margin);
+  LT_CUDA_LAUNCH_CHECK();
+}
+
+void UpdateFp8DelayedScale(float* history, int len, bool most_recent, float* scale,
+                           float* scale_inv, Fp8Format format, float margin, cudaStream_t s) {
+  DelayedScaleKernel<<<1, 1, 0, s>>>(history, len, most_recent, scale, scale_inv, Fp8Max(format),
+                                     margin);
   LT_CUDA_LAUNCH_CHECK();
 }
 
