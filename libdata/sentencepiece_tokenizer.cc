@@ -95,9 +95,9 @@ class SpTokenizer : public Tokenizer {
                            eos_ ? absl::StrCat(*eos_) : "none");
   }
 
-  // The piece that the n bytes at p are, or -1; direct tables for one, two and three bytes
-  // (three as a character of the Basic Multilingual Plane: a lead byte 0xE0-0xEF and two
-  // continuation bytes, 16 bits), a hash table for the rest.
+  // The piece that the n bytes at p are, or -1: a direct table for a three-byte character of the
+  // Basic Multilingual Plane (a lead byte 0xE0-0xEF and two continuation bytes, 16 bits), a hash
+  // table for the rest.
   int32_t SymbolId(const uint8_t* p, size_t n) const {
     if (n == 3 && (p[0] & 0xF0) == 0xE0 && (p[1] & 0xC0) == 0x80 && (p[2] & 0xC0) == 0x80)
       return three_byte_id_[((p[0] & 0x0Fu) << 12) | ((p[1] & 0x3Fu) << 6) | (p[2] & 0x3Fu)];

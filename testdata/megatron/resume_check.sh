@@ -111,7 +111,7 @@ megatron --load "$W/megatron_distopt" --use-distributed-optimizer \
   || say "distopt: stock Megatron failed to load: $(grep -ohE '(KeyError|RuntimeError): .*' \
     "$OUT/resume_megatron_distopt_stock.log" | head -n 1)"
 cp -r "$MEGATRON" "$W/megatron-fixed"
-python3 - "$W/megatron-fixed/megatron/core/optimizer/distrib_optimizer.py" <<'PATCH'
+if python3 - "$W/megatron-fixed/megatron/core/optimizer/distrib_optimizer.py" <<'PATCH'
 import sys
 path = sys.argv[1]
 text = open(path).read()
@@ -125,8 +125,13 @@ for old, new in edits:
     text = text.replace(old, new)
 open(path, "w").write(text)
 PATCH
-MEGATRON="$W/megatron-fixed" megatron --load "$W/megatron_distopt" --use-distributed-optimizer \
-  >"$OUT/resume_megatron_distopt.log" 2>&1 || { status=1; say "distopt (fixed Megatron) failed"; }
+then
+  MEGATRON="$W/megatron-fixed" megatron --load "$W/megatron_distopt" --use-distributed-optimizer \
+    >"$OUT/resume_megatron_distopt.log" 2>&1 || { status=1; say "distopt (fixed Megatron) failed"; }
+else
+  status=1
+  say "distopt: patching the copy's distrib_optimizer.py failed (another Megatron-LM?)"
+fi
 
 # 5. compare
 python3 - "$OUT" <<'EOF' | tee -a "$SUMMARY"

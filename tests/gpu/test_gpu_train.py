@@ -151,7 +151,8 @@ def test_selective_norm_recompute_is_exact(dataset, arch):
     assert 6 <= kept - redone <= 8
 
 
-@pytest.mark.parametrize("arch", [[], ["--swiglu"], LLAMA], ids=["gpt2", "swiglu", "llama"])
+@pytest.mark.parametrize("arch", [[], ["--openai-gelu"], ["--swiglu"], LLAMA],
+                         ids=["gpt2", "gpt2-tanh", "swiglu", "llama"])
 def test_selective_mlp_recompute_is_exact(dataset, arch):
     """--recompute-modules mlp keeps no fc1 or activation outputs: the backward runs fc1 (and its
     GELU or SwiGLU) again from the pre-MLP norm's output, the same products on the same rows, so

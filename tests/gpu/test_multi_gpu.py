@@ -164,14 +164,16 @@ def test_selective_norm_recompute_under_sp_is_exact(dataset):
     assert norms == plain
 
 
-def test_selective_mlp_recompute_under_sp_is_exact(dataset):
-    """--recompute-modules mlp (and layernorm) under TP2+SP: fc1 runs again on the rows the
-    forward gathered, block by block as then; the losses are bitwise those without it."""
+@pytest.mark.parametrize("modules", [["mlp"], ["layernorm", "mlp"]], ids=["mlp", "layernorm-mlp"])
+def test_selective_mlp_recompute_under_sp_is_exact(dataset, modules):
+    """--recompute-modules mlp under TP2+SP: fc1 runs again on the rows the forward's ring gathered
+    (with layernorm: the rows RenormAll gathered again), block by block as then; the losses are
+    bitwise those without it."""
     args = common(dataset, 5) + ["--bf16", "--deterministic-mode", "--tensor-model-parallel-size",
                                  "2", "--sequence-parallel"]
     plain = parse_log(run_train(args, nproc=2).stdout)
     redo = parse_log(run_train(args + ["--recompute-granularity", "selective",
-                                       "--recompute-modules", "layernorm", "mlp"], nproc=2).stdout)
+                                       "--recompute-modules", *modules], nproc=2).stdout)
     assert sorted(redo[0]) == list(range(1, 6))
     assert redo == plain
 

@@ -88,7 +88,8 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
   app.add_option("--recompute-modules", a->recompute_modules,
                  "With --recompute-granularity selective, what to recompute in the backward: "
                  "core_attn (the float32 model's attention softmax; flash attention keeps none), "
-                 "layernorm (the bf16 model's norm outputs). Default core_attn")
+                 "layernorm (the bf16 model's norm outputs), mlp (the bf16 model's fc1 and "
+                 "activation outputs). Default core_attn")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--recompute-method", a->recompute_method,
                  "uniform (every layer) or block (the first --recompute-num-layers per stage)");

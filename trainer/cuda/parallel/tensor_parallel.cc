@@ -94,8 +94,6 @@ void TensorParallel::AllReduce(float* data, int64_t n, ReduceOp op) {
   Wait();
 }
 
-// Ring all-gather: at step i this rank holds block (rank − i) mod N, multiplies it, and meanwhile
-// sends it to rank + 1 and receives block (rank − i − 1) mod N from rank − 1.
 void TensorParallel::RunBlocks(const char* op, const std::function<void(int64_t, int64_t)>& gemm) {
   prof_->Begin(op);
   if (!sp_) {
@@ -105,6 +103,8 @@ void TensorParallel::RunBlocks(const char* op, const std::function<void(int64_t,
   for (int i = 0; i < size_; ++i) gemm(i * geo_.local_rows, geo_.local_rows);
 }
 
+// Ring all-gather: at step i this rank holds block (rank − i) mod N, multiplies it, and meanwhile
+// sends it to rank + 1 and receives block (rank − i − 1) mod N from rank − 1.
 void TensorParallel::GatherRun(bf16* full, const char* op,
                                const std::function<void(int64_t, int64_t)>& gemm) {
   if (!sp_) {
