@@ -337,15 +337,25 @@ TEST_P(BlockTest, TransformerLayer) {
   dx_input = dx;
   cpu_->Dropout(dx_input.data(), kRows, h_, Drop(p, 0));
 
-  // With the norm outputs kept, and recomputed in the backward (selective, layernorm: one shared
-  // buffer, poisoned between forward and backward so that only a recomputation can pass).
+  // With the norm and MLP outputs kept, and recomputed in the backward (selective, layernorm and
+  // mlp: shared buffers, poisoned between forward and backward so that only a recomputation can
+  // pass).
   TransformerLayer layer(ctx_, ls, shard_, attention_.get(), w_, false);
-  for (bool recompute_norms : {false, true}) {
-    SCOPED_TRACE(recompute_norms ? "norms recomputed" : "norms kept");
+  struct Mode {
+    bool norms, mlp;
+  };
+  for (const Mode mode :
+       {Mode{false, false}, Mode{true, false}, Mode{false, true}, Mode{true, true}}) {
+    const bool recompute_norms = mode.norms;
+    SCOPED_TRACE(testing::Message() << "norms " << (mode.norms ? "recomputed" : "kept") << ", MLP "
+                                    << (mode.mlp ? "recomputed" : "kept"));
     LT_CUDA_CHECK(cudaMemset(grad_->get(), 0, grad_->size() * sizeof(float)));
     Dev<bf16> shared_norm(recompute_norms ? n : 0);
-    const TransformerLayer::Acts a =
-        layer.MakeActs(nullptr, recompute_norms ? shared_norm.get() : nullptr);
+    Dev<bf16> shared_pre(mode.mlp ? kRows * shard_.fc1_width : 0),
+        shared_act(mode.mlp ? kRows * shard_.ffn : 0);
+    const TransformerLayer::Acts a = layer.MakeActs(mode.mlp ? shared_act.get() : nullptr,
+                                                    recompute_norms ? shared_norm.get() : nullptr,
+                                                    mode.mlp ? shared_pre.get() : nullptr);
     Dev<bf16> xd(ToT<bf16>(x));
     layer.NormInput(nullptr, {xd.get(), nullptr}, nullptr, a, Drop(p, 0));
     const RowParallelOutput out = layer.Forward(xd.get(), a, Drop(p, 1));
@@ -355,6 +365,10 @@ TEST_P(BlockTest, TransformerLayer) {
     EXPECT_TRUE(RelClose(FromT<bf16>(mid_got), std::vector<float>(mid, mid + n), 1e-2)) << "mid";
     EXPECT_TRUE(RelClose(FromT<bf16>(got), mlp_out, 2e-2)) << "MLP output";
     if (recompute_norms) shared_norm.Poison();
+    if (mode.mlp) {
+      shared_pre.Poison();
+      shared_act.Poison();
+    }
     Dev<bf16> dxd(ToT<bf16>(dy)), dmlp(ToT<bf16>(dy));
     Dropout<bf16>(dmlp.get(), kRows, h_, Drop(p, 2), MainStream());
     bf16* dinput = layer.Backward(dxd.get(), dmlp.get(), xd.get(), a, Drop(p, 1), Drop(p, 0));
