@@ -153,7 +153,12 @@ def main():
          lambda docs: sum(len(enc.encode_ordinary(d)) for d in docs)),
     ]
     only = set(filter(None, args.tokenizers.split(",")))
-    timed = [c for c in CORPORA if c in args.only_corpora.split(",") or not args.only_corpora]
+    wanted = set(filter(None, args.only_corpora.split(",")))
+    unknown = (only - {name.split(" ")[0] for name, *_ in setups}) | (wanted - set(CORPORA))
+    if unknown:
+        sys.exit(f"unknown tokenizer or corpus names: {', '.join(sorted(unknown))} (tokenizers: "
+                 f"{', '.join(n.split(' ')[0] for n, *_ in setups)}; corpora: {', '.join(CORPORA)})")
+    timed = [c for c in CORPORA if c in wanted or not wanted]
     print("| tokenizer | corpus | MB | reference | reference MB/s | Leantron MB/s | × |")
     print("|---|---|---:|---|---:|---:|---:|")
     for name, ref_name, ours_args, ref_fn in setups:
