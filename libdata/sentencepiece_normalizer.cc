@@ -36,10 +36,10 @@ absl::StatusOr<SentencePieceNormalizer> SentencePieceNormalizer::Create(
     std::memcpy(&trie_size, blob.data(), 4);
     if (trie_size > blob.size() - 4)
       return absl::InvalidArgumentError("precompiled_charsmap: trie size exceeds the data");
+    if (trie_size < 4) return absl::InvalidArgumentError("precompiled_charsmap: empty trie");
     n.trie_.resize(trie_size / 4);
     std::memcpy(n.trie_.data(), blob.data() + 4, n.trie_.size() * 4);
     n.normalized_ = blob.substr(4 + trie_size);
-    if (n.trie_.empty()) return absl::InvalidArgumentError("precompiled_charsmap: empty trie");
   }
   return n;
 }
