@@ -52,7 +52,7 @@ class ZipArchive {
   absl::flat_hash_map<std::string, size_t> index_;
 };
 
-// CRC-32 (zip's, zlib's crc32) of `bytes`, continuing from `crc`.
+// CRC-32 (zip's, the same as zlib's crc32) of `bytes`, continuing from `crc`.
 uint32_t Crc32(uint32_t crc, std::span<const std::byte> bytes);
 
 }  // namespace leantron::ckpt
