@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
@@ -21,13 +22,16 @@ class MappedFile {
 
   const std::string& path() const { return path_; }
   std::span<const std::byte> bytes() const { return {map_, size_}; }
-  // Drops the pages behind `view` (a span of this mapping), rounded out to the kernel's 64 KiB
-  // fault-around window. Never loses data: the mapping is private and read-only, and a page
-  // dropped under another live view is faulted in again when read.
+  // Drops the pages behind `view` (a span of this mapping), rounded out to what a fault may have
+  // mapped beside them: the kernel's 64 KiB fault-around window and the 2 MiB (file-aligned) large
+  // folios the page cache may hold. Never loses data: the mapping is private and read-only, and a
+  // page dropped under another live view is faulted in again when read.
   void Release(std::span<const std::byte> view) const;
 
  private:
   MappedFile() = default;
+  // Drops the pages from `from` (rounded down as Release rounds) to address `upto`.
+  void Drop(const std::byte* from, uintptr_t upto) const;
   std::string path_;
   const std::byte* map_ = nullptr;
   size_t size_ = 0;

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <tuple>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
@@ -132,6 +133,9 @@ absl::StatusOr<int64_t> ScalarInt(const TorchArchive& archive, const PyValue* v,
   if (TorchArchive::IsTensor(v)) {
     auto t = archive.Tensor(v, what);
     if (!t.ok()) return t.status();
+    // The value is read through the mapping: drop the pages that brings in (a whole large folio
+    // of the file around a 4-byte record, for each parameter's `step`) once it is read.
+    absl::Cleanup drop = [&] { archive.Release(t->data); };
     if (t->data.size() == DTypeSize(t->dtype) && t->dtype != DType::kBool) {
       auto value = ElementAsDouble(t->dtype, t->data.data(), 0);
       if (!value && (t->dtype == DType::kI64 || t->dtype == DType::kI32)) {
@@ -504,6 +508,8 @@ absl::StatusOr<std::unique_ptr<CheckpointSource>> MegatronTorchReader::Open(
           if (auto s = (*optim)->VerifyCrcs(/*storages=*/false); !s.ok()) return s;
         }
         if (auto s = reader->AddDistributedOptimizer(**optim, rank.tp, rank.pp); !s.ok()) return s;
+        (*optim)->ReleaseAll();
+        (*optim)->DropPickle();
         reader->archives_.push_back(*std::move(optim));
         // The step is in the model file's optimizer entry (its param groups).
         const PyValue* groups =
@@ -516,6 +522,10 @@ absl::StatusOr<std::unique_ptr<CheckpointSource>> MegatronTorchReader::Open(
         return s;
       }
     }
+    // Whatever else the metadata touched through the mapping leaves the resident set; the
+    // tensors' pages come and go as TpShardSource copies them. The pickle is done with too.
+    archive->ReleaseAll();
+    archive->DropPickle();
     reader->archives_.push_back(std::move(archive));
   }
   if (auto missing = reader->FirstMissing(TensorKind::kParam)) {

@@ -151,7 +151,8 @@ absl::StatusOr<std::unique_ptr<TorchArchive>> TorchArchive::Parse(std::span<cons
 }
 
 absl::Status TorchArchive::Init() {
-  auto zip = ZipArchive::Parse(bytes_, source_);
+  auto zip = ZipArchive::Parse(bytes_, source_,
+                               [this](std::span<const std::byte> header) { Release(header); });
   if (!zip.ok()) return zip.status();
   zip_ = std::make_unique<ZipArchive>(*std::move(zip));
   if (zip_->entries().empty()) return absl::DataLossError(Cat(source_, ": empty archive"));
@@ -184,6 +185,8 @@ absl::Status TorchArchive::Init() {
   auto pickle = Pickle::Parse(zip_->Data(*pkl), Cat(source_, ": data.pkl"));
   if (!pickle.ok()) return pickle.status();
   pickle_ = *std::move(pickle);
+  // The pickle holds copies of what it needs; the central directory and data.pkl go.
+  ReleaseAll();
   return absl::OkStatus();
 }
 

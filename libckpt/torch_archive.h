@@ -55,7 +55,11 @@ class TorchArchive {
                                                              std::string source);
 
   const std::string& source() const { return source_; }
-  const PyValue* root() const { return pickle_->root(); }
+  // The unpickled data.pkl; null after DropPickle.
+  const PyValue* root() const { return pickle_ ? pickle_->root() : nullptr; }
+  // Frees the unpickled data.pkl (tens of bytes per tensor in the archive, many times data.pkl's
+  // size): for a reader that has taken what it needs from it.
+  void DropPickle() { pickle_.reset(); }
   const ZipArchive& zip() const { return *zip_; }
   // The mapped file (nullptr for Parse).
   const MappedFile* file() const { return file_.get(); }
@@ -68,6 +72,9 @@ class TorchArchive {
   void Release(std::span<const std::byte> data) const {
     if (file_) file_->Release(data);
   }
+  // Drops every page of the archive that was read through the mapping (the pickle, small records
+  // such as Adam's `step` tensors): for a reader done with the parsed metadata.
+  void ReleaseAll() const { Release(bytes_); }
   // Compares every record with its CRC-32 (storages=false: all but the data/ storage records):
   // one read of those bytes, their pages dropped from the resident set as the check passes them.
   absl::Status VerifyCrcs(bool storages = true) const;

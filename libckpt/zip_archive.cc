@@ -56,7 +56,9 @@ uint32_t Crc32(uint32_t crc, std::span<const std::byte> bytes) {
   return ::libdeflate_crc32(crc, bytes.data(), bytes.size());
 }
 
-absl::StatusOr<ZipArchive> ZipArchive::Parse(std::span<const std::byte> bytes, std::string source) {
+absl::StatusOr<ZipArchive> ZipArchive::Parse(
+    std::span<const std::byte> bytes, std::string source,
+    const std::function<void(std::span<const std::byte>)>& checked) {
   const uint64_t size = bytes.size();
   if (size < kEndSize) return Corrupt(source, Cat("only ", size, " bytes"));
   const std::optional<uint64_t> end = FindEnd(bytes);
@@ -171,6 +173,7 @@ absl::StatusOr<ZipArchive> ZipArchive::Parse(std::span<const std::byte> bytes, s
         std::memcmp(l + kLocalHeaderSize, entry.name.data(), name_len) != 0) {
       return Corrupt(src, Cat("'", entry.name, "': local header names another entry"));
     }
+    if (checked) checked(bytes.subspan(local, data - local));
     entry.offset = data;
     entry.size = uncompressed;
     if (!archive.index_.emplace(entry.name, archive.entries_.size()).second) {

@@ -32,7 +32,12 @@ struct ZipEntry {
 class ZipArchive {
  public:
   // `bytes` must outlive the archive; `source` names it in errors ("<file>" or "<file>@<offset>").
-  static absl::StatusOr<ZipArchive> Parse(std::span<const std::byte> bytes, std::string source);
+  // `checked`, when given, is called with each entry's local header once it is checked: they lie
+  // all over the file, one beside each entry's data, so a caller parsing a mapping drops their
+  // pages as it goes rather than keeping a page (and its fault-around window) per entry resident.
+  static absl::StatusOr<ZipArchive> Parse(
+      std::span<const std::byte> bytes, std::string source,
+      const std::function<void(std::span<const std::byte>)>& checked = {});
 
   const std::string& source() const { return source_; }
   const std::vector<ZipEntry>& entries() const { return entries_; }
