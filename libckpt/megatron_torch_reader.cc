@@ -202,7 +202,7 @@ absl::Status MegatronTorchReader::AddRankTensor(const TorchArchive& archive, Ten
     return absl::DataLossError(Cat(archive.source(), ": ", what, " is ", DTypeName(tensor->dtype),
                                    ", expected ", DTypeName(dtype)));
   }
-  AddShard(kind, spec.name, tp, {tensor->data, archive.file(), &archive, tensor->storage_key});
+  AddShard(kind, spec.name, tp, {tensor->data, &archive, tensor->storage_key});
   return absl::OkStatus();
 }
 
@@ -242,7 +242,7 @@ absl::Status MegatronTorchReader::AddModel(const TorchArchive& archive, int tp, 
       if (run_.fp32_training && metadata_.has_optimizer && !run_.distributed_optimizer) {
         auto tensor = archive.Tensor(value, name);
         AddShard(TensorKind::kMainParam, spec->name, tp,
-                 {tensor->data, archive.file(), &archive, tensor->storage_key});
+                 {tensor->data, &archive, tensor->storage_key});
       }
     }
   }
@@ -301,8 +301,8 @@ absl::Status MegatronTorchReader::AddDistributedOptimizer(const TorchArchive& ar
       for (const BufferParam& param : flat.params) {
         if (!param.spec->tied_to.empty()) continue;
         AddShard(kind, param.spec->name, tp,
-                 {tensor->data.subspan(param.world_offset * 4, param.numel * 4), archive.file(),
-                  &archive, tensor->storage_key});
+                 {tensor->data.subspan(param.world_offset * 4, param.numel * 4), &archive,
+                  tensor->storage_key});
       }
     }
   }
@@ -490,8 +490,8 @@ absl::StatusOr<std::unique_ptr<CheckpointSource>> MegatronTorchReader::Open(
                                        source, "'s"));
       }
     }
-    // The pickle and small records now; each storage record when a tensor is first copied out
-    // of it (TpShardSource::ReadFull), so the data is read once, not once more up front.
+    // The pickle and small records now; each storage record as a tensor is first copied out of
+    // it (TpShardSource::StreamFull), so the data is read once, not once more up front.
     if (options.verify) {
       if (auto s = archive->VerifyCrcs(/*storages=*/false); !s.ok()) return s;
     }
@@ -523,7 +523,7 @@ absl::StatusOr<std::unique_ptr<CheckpointSource>> MegatronTorchReader::Open(
       }
     }
     // Whatever else the metadata touched through the mapping leaves the resident set; the
-    // tensors' pages come and go as TpShardSource copies them. The pickle is done with too.
+    // tensors' pages come and go as TpShardSource streams them. The pickle is done with too.
     archive->ReleaseAll();
     archive->DropPickle();
     reader->archives_.push_back(std::move(archive));
