@@ -5,7 +5,8 @@ of the same bytes in the same run (issue 18, "Benchmark"). Prints a Markdown tab
   python3 bench/megatron_ckpt_bench.py [--cases torch torch_distopt torch_dist] [--runs 3] [--verify]
                                        [--num-layers 48]
 
-Cases (each generated, measured, then deleted, so at most a source, a copy and an output are on disk):
+Cases (each generated, measured, then deleted; the copy is deleted before the output is made, so at
+most a source and a copy or an output are on disk):
   torch          --ckpt-format torch, TP5, the non-distributed optimizer: per rank model_optim_rng.pt
                  with the bf16 weights, AdamW's exp_avg / exp_avg_sq and fp32_from_fp16_params;
   torch_distopt  --ckpt-format torch, TP5, --use-distributed-optimizer: the weights as views into one
@@ -338,10 +339,10 @@ def main():
         shutil.rmtree(work)
     work.mkdir(parents=True)
     shards = Shards(dict(GPT2_XL, num_layers=args.num_layers), TP)
-    need = 3 * 14 * sum(int(np.prod(s)) for s in shards.shapes.values())  # source, copy, output
+    need = 2 * 14 * sum(int(np.prod(s)) for s in shards.shapes.values())  # source + copy or output
     if free_bytes(work) < need * 1.05:
         print(f"warning: {free_bytes(work) / GB:.0f} GB free; a case needs ~{need / GB:.0f} GB "
-              "(source, copy, output)", file=sys.stderr)
+              "(the source and its copy or the output)", file=sys.stderr)
     largest = max(int(np.prod(s)) for s in shards.shapes.values()) * 4  # an F32 state of the embedding
     rows = []
     try:

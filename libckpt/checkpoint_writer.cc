@@ -229,19 +229,6 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Create(
   return writer;
 }
 
-absl::Status CheckpointWriter::WriteFull(const ParamSpec& spec, TensorKind kind,
-                                         std::span<const std::byte> full) {
-  if (auto s = BeginFull(spec, kind); !s.ok()) return s;
-  if (full.size() != streaming_.size) {
-    const DType dtype = kind == TensorKind::kParam ? metadata_.config.params_dtype : DType::kF32;
-    streaming_ = {};
-    return absl::InvalidArgumentError(Cat("checkpoint writer: '", spec.name, "' has ", full.size(),
-                                          " bytes, expected ", DTypeName(dtype), " of its shape"));
-  }
-  if (auto s = AppendFull(full); !s.ok()) return s;
-  return EndFull();
-}
-
 absl::Status CheckpointWriter::BeginFull(const ParamSpec& spec, TensorKind kind) {
   if (streaming_.spec != nullptr) {
     return absl::FailedPreconditionError(Cat("checkpoint writer: '", streaming_.spec->name,

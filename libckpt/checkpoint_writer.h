@@ -71,12 +71,10 @@ class CheckpointWriter {
       const std::string& checkpoint_dir, const CheckpointMetadata& metadata);
 
   const ModelLayout& layout() const { return layout_; }
-  // Splits a full tensor (shape `spec.shape`) into every TP rank's shard of its stage, and into the
-  // tied copies of it.
-  absl::Status WriteFull(const ParamSpec& spec, TensorKind kind, std::span<const std::byte> full);
-  // WriteFull in pieces: after BeginFull, the full tensor's bytes arrive front to back in
-  // consecutive pieces of any size (FullTensorSource::StreamFull), and each piece goes straight on
-  // to the shards that hold its bytes; EndFull checks that all of them came.
+  // A full tensor (shape `spec.shape`) split into every TP rank's shard of its stage and into the
+  // tied copies of it: after BeginFull, its bytes arrive front to back in consecutive pieces of
+  // any size (FullTensorSource::StreamFull), and each piece goes straight on to the shards that
+  // hold its bytes; EndFull checks that all of them came.
   absl::Status BeginFull(const ParamSpec& spec, TensorKind kind);
   absl::Status AppendFull(std::span<const std::byte> piece);
   absl::Status EndFull();

@@ -38,13 +38,12 @@ absl::StatusOr<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::st
     }
     file->map_ = static_cast<const std::byte*>(map);
   }
-  file->fd_ = fd;
+  ::close(fd);
   return std::shared_ptr<const MappedFile>(std::move(file));
 }
 
 MappedFile::~MappedFile() {
   if (map_ != nullptr) ::munmap(const_cast<std::byte*>(map_), size_);
-  if (fd_ >= 0) ::close(fd_);
 }
 
 namespace {
@@ -83,29 +82,6 @@ void MappedFile::Drop(const std::byte* from, uintptr_t upto) const {
   const uintptr_t first = std::max(map_begin, std::min(folio_first, begin / kWindow * kWindow));
   const uintptr_t last = std::min(map_end, upto);
   if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
-}
-
-absl::Status MappedFile::Read(std::span<const std::byte> view, std::byte* out) const {
-  if (view.empty()) return absl::OkStatus();
-  if (view.data() < map_ || view.data() + view.size() > map_ + size_) {
-    return absl::InternalError(Cat(path_, ": read of a span outside the mapping"));
-  }
-  auto offset = static_cast<off_t>(view.data() - map_);
-  for (size_t done = 0; done < view.size();) {
-    const ssize_t n = ::pread(fd_, out + done, view.size() - done, offset);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      return absl::DataLossError(Cat(path_, ": cannot read ", view.size() - done,
-                                     " bytes at offset ", offset, ": ", std::strerror(errno)));
-    }
-    if (n == 0) {
-      return absl::DataLossError(
-          Cat(path_, ": ends at offset ", offset, " (the file shrank while it was read)"));
-    }
-    done += static_cast<size_t>(n);
-    offset += n;
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace leantron::ckpt

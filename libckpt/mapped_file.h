@@ -1,7 +1,6 @@
 // A read-only memory mapping of a whole file, shared by the readers of PyTorch archives: tensors
-// are views into it. Pages a reader has consumed through the mapping are dropped from the
-// resident set (Release, ReleaseBehind), or the bytes are copied out with Read (pread, which maps
-// nothing), so that streaming through a large checkpoint keeps memory bounded by what is in
+// are views into it, and pages a reader has consumed are dropped from the resident set (Release,
+// ReleaseBehind) so that streaming through a large checkpoint keeps memory bounded by what is in
 // flight.
 #pragma once
 
@@ -33,16 +32,12 @@ class MappedFile {
   // it or by a thread reading ahead): what Release drops, but only up to the last 2 MiB boundary
   // (in the file) before view's end, so that no page the reader is about to use is dropped.
   void ReleaseBehind(std::span<const std::byte> view) const;
-  // Copies the bytes behind `view` (a span of this mapping) into `out` (view.size() bytes) with
-  // pread, without faulting the mapping's pages in.
-  absl::Status Read(std::span<const std::byte> view, std::byte* out) const;
 
  private:
   MappedFile() = default;
   // Drops the pages from `from` (rounded down as Release rounds) to address `upto`.
   void Drop(const std::byte* from, uintptr_t upto) const;
   std::string path_;
-  int fd_ = -1;
   const std::byte* map_ = nullptr;
   size_t size_ = 0;
 };

@@ -60,8 +60,6 @@ int64_t CopyIntersection(std::span<const std::byte> src, const std::vector<int64
   }
 }
 
-// Where a canonical parameter of one kind lives: a whole DCP tensor, or one layer of a stacked one.
-
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const MappedFile>> MegatronDistReader::File(

@@ -1,6 +1,7 @@
 #include "libckpt/read_ahead.h"
 
 #include <condition_variable>
+#include <exception>
 #include <mutex>
 #include <new>
 #include <thread>
@@ -17,14 +18,31 @@ void PageAlignedBuffer::Reserve(size_t size) {
   size_ = rounded;
 }
 
+namespace {
+
+// fn(piece, slot), an exception (std::bad_alloc for a buffer) turned into a Status: one thrown in
+// the helper thread would end the process, one in the caller's would leave the thread unjoined.
+absl::Status Call(const std::function<absl::Status(size_t, size_t)>& fn, size_t piece,
+                  size_t slot) {
+  try {
+    return fn(piece, slot);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("out of memory for a piece of a tensor");
+  } catch (const std::exception& e) {
+    return absl::InternalError(e.what());
+  }
+}
+
+}  // namespace
+
 absl::Status RunReadAhead(size_t count, size_t slots,
                           const std::function<absl::Status(size_t piece, size_t slot)>& produce,
                           const std::function<absl::Status(size_t piece, size_t slot)>& consume) {
   if (slots == 0) return absl::InvalidArgumentError("RunReadAhead: no slots");
   if (count <= 1 || slots == 1) {
     for (size_t i = 0; i < count; ++i) {
-      if (auto s = produce(i, 0); !s.ok()) return s;
-      if (auto s = consume(i, 0); !s.ok()) return s;
+      if (auto s = Call(produce, i, 0); !s.ok()) return s;
+      if (auto s = Call(consume, i, 0); !s.ok()) return s;
     }
     return absl::OkStatus();
   }
@@ -40,7 +58,7 @@ absl::Status RunReadAhead(size_t count, size_t slots,
         changed.wait(lock, [&] { return stop || i - consumed < slots; });
         if (stop) return;
       }
-      absl::Status s = produce(i, i % slots);
+      absl::Status s = Call(produce, i, i % slots);
       const bool failed = !s.ok();
       {
         std::lock_guard lock(mu);
@@ -62,7 +80,7 @@ absl::Status RunReadAhead(size_t count, size_t slots,
       changed.wait(lock, [&] { return stop || produced > i; });
       if (produced <= i) break;  // The producer failed.
     }
-    status = consume(i, i % slots);
+    status = Call(consume, i, i % slots);
     {
       std::lock_guard lock(mu);
       if (status.ok()) {

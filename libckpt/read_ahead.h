@@ -1,6 +1,7 @@
-// Reading ahead in a second thread: a copy that reads pieces (pread, checksums) in one thread and
-// hands them on (checksums, pwrite) in the caller's, so the two halves overlap instead of taking
-// turns. Pieces keep their order; a few are in flight at a time, each in a buffer of its own.
+// Reading ahead in a second thread: a copy that reads pieces (through a mapping, checksums) in one
+// thread and hands them on (checksums, pwrite) in the caller's, so the two halves overlap instead
+// of taking turns. Pieces keep their order; a few are in flight at a time, each in a buffer of its
+// own.
 #pragma once
 
 #include <cstddef>

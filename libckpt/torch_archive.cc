@@ -1,7 +1,6 @@
 #include "libckpt/torch_archive.h"
 
 #include <algorithm>
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -276,15 +275,6 @@ absl::Status TorchArchive::VerifyCrcs(bool storages) const {
   return absl::OkStatus();
 }
 
-absl::Status TorchArchive::Read(std::span<const std::byte> data, std::byte* out) const {
-  if (data.data() < bytes_.data() || data.data() + data.size() > bytes_.data() + bytes_.size()) {
-    return absl::InternalError(Cat(source_, ": read of a span outside the archive"));
-  }
-  if (file_) return file_->Read(data, out);
-  if (!data.empty()) std::memcpy(out, data.data(), data.size());
-  return absl::OkStatus();
-}
-
 absl::StatusOr<std::pair<std::span<const std::byte>, uint32_t>> TorchArchive::StorageRecord(
     std::string_view key) const {
   const ZipEntry* record = zip_->Find(Cat(prefix_, "data/", key));
@@ -307,18 +297,16 @@ absl::Status TorchArchive::CheckStorageCrc(std::string_view key, uint32_t crc) c
 
 absl::Status TorchArchive::VerifyStorage(std::string_view key) const {
   if (verified_.contains(ToAbsl(key))) return absl::OkStatus();
-  auto record = StorageRecord(key);
-  if (!record.ok()) return record.status();
-  constexpr size_t kPiece = size_t{1} << 20;  // Stays in the CPU's cache between read and CRC.
-  const std::span<const std::byte> data = record->first;
-  std::vector<std::byte> buffer(std::min(kPiece, data.size()));
-  uint32_t crc = 0;
-  for (size_t at = 0; at < data.size(); at += kPiece) {
-    const std::span<const std::byte> piece = data.subspan(at, std::min(kPiece, data.size() - at));
-    if (auto s = Read(piece, buffer.data()); !s.ok()) return s;
-    crc = Crc32(crc, {buffer.data(), piece.size()});
+  const ZipEntry* record = zip_->Find(Cat(prefix_, "data/", key));
+  if (record == nullptr) {
+    return absl::DataLossError(Cat(source_, ": no storage record 'data/", key, "'"));
   }
-  return CheckStorageCrc(key, crc);
+  if (auto s = zip_->VerifyCrc(*record, [this](std::span<const std::byte> done) { Release(done); });
+      !s.ok()) {
+    return s;
+  }
+  verified_.insert(std::string(key));
+  return absl::OkStatus();
 }
 
 }  // namespace leantron::ckpt

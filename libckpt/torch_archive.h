@@ -62,8 +62,6 @@ class TorchArchive {
   // size): for a reader that has taken what it needs from it.
   void DropPickle() { pickle_.reset(); }
   const ZipArchive& zip() const { return *zip_; }
-  // The mapped file (nullptr for Parse).
-  const MappedFile* file() const { return file_.get(); }
 
   // Whether `value` is a tensor as torch.save pickles one.
   static bool IsTensor(const PyValue* value);
@@ -79,16 +77,13 @@ class TorchArchive {
   // Drops every page of the archive that was read through the mapping (the pickle, small records
   // such as Adam's `step` tensors): for a reader done with the parsed metadata.
   void ReleaseAll() const { Release(bytes_); }
-  // Copies `data` (a span of this archive, such as TorchTensor::data) into `out` without touching
-  // the mapping (MappedFile::Read; a plain copy for Parse's archives).
-  absl::Status Read(std::span<const std::byte> data, std::byte* out) const;
   // Compares every record with its CRC-32 (storages=false: all but the data/ storage records):
   // one read of those bytes, their pages dropped from the resident set as the check passes them.
   absl::Status VerifyCrcs(bool storages = true) const;
   // Compares storage record data/<key> with its CRC-32 the first time it is asked for (the readers
   // call it before copying a tensor out of a record they do not check as they stream it, so such
   // a record is read twice while it is in the page cache rather than the whole archive once more
-  // up front). Reads with Read.
+  // up front), its pages dropped from the resident set as the check passes them.
   absl::Status VerifyStorage(std::string_view key) const;
 
   // For a reader that checks a storage record as it copies it out front to back (one read of the

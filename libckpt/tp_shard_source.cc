@@ -193,26 +193,20 @@ absl::Status TpShardSource::StreamFull(const ParamSpec& target, TensorKind kind,
                      }
                      return absl::OkStatus();
                    });
-  for (int tp = 0; tp < ranks; ++tp) shards[tp].archive->Release(shards[tp].data);
-  if (!status.ok()) return status;
-
   // A record's bytes the copy did not need (padding rows beyond the target's) still count.
-  for (size_t tp = 0; tp < shards.size(); ++tp) {
+  for (size_t tp = 0; tp < shards.size() && status.ok(); ++tp) {
     Check& check = checks[tp];
     if (!check.streamed) continue;
     const ShardRef& shard = shards[tp];
-    PageAlignedBuffer& buffer = pieces_[0].buffer;
-    buffer.Reserve(kStreamPiece);
-    while (check.done < shard.data.size()) {
-      const size_t n = std::min(kStreamPiece, shard.data.size() - check.done);
-      if (auto s = shard.archive->Read(shard.data.subspan(check.done, n), buffer.data()); !s.ok()) {
-        return s;
-      }
-      check.crc = Crc32(check.crc, {buffer.data(), n});
-      check.done += n;
+    for (size_t n; check.done < shard.data.size(); check.done += n) {
+      n = std::min(kStreamPiece, shard.data.size() - check.done);
+      check.crc = Crc32(check.crc, shard.data.subspan(check.done, n));
+      shard.archive->ReleaseBehind(shard.data.subspan(0, check.done + n));
     }
-    if (auto s = shard.archive->CheckStorageCrc(shard.storage_key, check.crc); !s.ok()) return s;
+    status = shard.archive->CheckStorageCrc(shard.storage_key, check.crc);
   }
+  for (int tp = 0; tp < ranks; ++tp) shards[tp].archive->Release(shards[tp].data);
+  if (!status.ok()) return status;
   return absl::OkStatus();
 }
 

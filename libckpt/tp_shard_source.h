@@ -13,7 +13,7 @@
 // verification on, each storage record is checked against its CRC-32 as the pieces pass it (one
 // read of the bytes); records that are not streamed front to back whole (views into a shared
 // buffer, the replicated copies of ranks other than 0) get TorchArchive::VerifyStorage's pass
-// (pread) before their first use.
+// before their first use.
 #pragma once
 
 #include <span>
@@ -38,7 +38,8 @@ struct ShardRef {
 class TpShardSource : public CheckpointSource {
  public:
   // Bytes of the full tensor handed to a sink at a time: small enough that a piece stays in the
-  // CPU's cache from pread through the CRC and the sink's checksum and write.
+  // CPU's cache from its first read (the CRC, or the gather) through the sink's checksum and
+  // pwrite (measured: 0.7 s to pwrite 2.3 GB in 256 KiB pieces, 1.6-4 s in 1 MiB ones).
   static constexpr size_t kStreamPiece = size_t{256} << 10;
   static constexpr size_t kPiecesInFlight = 4;
 

@@ -192,7 +192,7 @@ const ZipEntry* ZipArchive::Find(std::string_view name) const {
 
 absl::Status ZipArchive::VerifyCrc(
     const ZipEntry& entry, const std::function<void(std::span<const std::byte>)>& done) const {
-  constexpr size_t kPiece = size_t{32} << 20;
+  constexpr size_t kPiece = size_t{2} << 20;  // MappedFile::Release drops 2 MiB blocks.
   const std::span<const std::byte> data = Data(entry);
   uint32_t crc = 0;
   for (size_t at = 0; at < data.size(); at += kPiece) {

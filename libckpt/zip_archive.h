@@ -46,7 +46,7 @@ class ZipArchive {
     return bytes_.subspan(entry.offset, entry.size);
   }
   // Compares an entry's bytes with its CRC-32 (one read of them); DataLoss names the entry.
-  // `done`, when given, is called with each 32 MiB piece once it is read (to drop its pages).
+  // `done`, when given, is called with each 2 MiB piece once it is read (to drop its pages).
   absl::Status VerifyCrc(const ZipEntry& entry,
                          const std::function<void(std::span<const std::byte>)>& done = {}) const;
 

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <new>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -22,7 +23,7 @@ TEST(ReadAhead, PiecesArriveInOrderWithBoundedLead) {
           count, slots,
           [&](size_t piece, size_t slot) {
             EXPECT_EQ(slot, piece % slots);
-            EXPECT_LE(piece - used.load(), slots);  // Never more than `slots` ahead.
+            EXPECT_LT(piece - used.load(), slots);  // Its slot's previous piece is consumed.
             buffers[slot].Reserve(4096);
             const uint64_t value = piece * 1000003;
             std::memcpy(buffers[slot].data(), &value, sizeof(value));
@@ -34,6 +35,8 @@ TEST(ReadAhead, PiecesArriveInOrderWithBoundedLead) {
             std::memcpy(&value, buffers[slot].data(), sizeof(value));
             EXPECT_EQ(value, piece * 1000003);
             seen.push_back(piece);
+            std::memcpy(&value, buffers[slot].data(), sizeof(value));
+            EXPECT_EQ(value, piece * 1000003);  // Not overwritten while in use.
             ++used;
             return absl::OkStatus();
           });
@@ -72,6 +75,26 @@ TEST(ReadAhead, AnErrorOnEitherSideStopsBoth) {
         });
     EXPECT_EQ(status.message(), "disk full");
     EXPECT_LE(produced.load(), 6 + slots);  // The producer stopped too.
+  }
+}
+
+TEST(ReadAhead, AnExceptionOnEitherSideIsAnError) {
+  for (size_t slots : {1, 3}) {
+    absl::Status status = RunReadAhead(
+        50, slots,
+        [&](size_t piece, size_t) -> absl::Status {
+          if (piece == 7) throw std::bad_alloc();
+          return absl::OkStatus();
+        },
+        [&](size_t, size_t) { return absl::OkStatus(); });
+    EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+    status = RunReadAhead(
+        50, slots, [&](size_t, size_t) { return absl::OkStatus(); },
+        [&](size_t piece, size_t) -> absl::Status {
+          if (piece == 9) throw std::bad_alloc();
+          return absl::OkStatus();
+        });
+    EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
   }
 }
 
