@@ -3,8 +3,10 @@
 of the same bytes in the same run (issue 18, "Benchmark"). Prints a Markdown table.
 
   python3 bench/megatron_ckpt_bench.py [--cases torch torch_distopt torch_dist] [--runs 3] [--verify]
+                                       [--num-layers 48]
 
-Cases (each generated, measured, then deleted, so at most a source, a copy and an output are on disk):
+Cases (each generated, measured, then deleted; the copy is deleted before the output is made, so at
+most a source and a copy or an output are on disk):
   torch          --ckpt-format torch, TP5, the non-distributed optimizer: per rank model_optim_rng.pt
                  with the bf16 weights, AdamW's exp_avg / exp_avg_sq and fp32_from_fp16_params;
   torch_distopt  --ckpt-format torch, TP5, --use-distributed-optimizer: the weights as views into one
@@ -17,6 +19,7 @@ project's format (format detected), and copied by `cp -r SRC COPY`; the two alte
 The model: 48 layers, hidden 1600, 25 heads, seq 1024, vocab 50257 padded as Megatron pads it at TP5
 (50560 rows; TP1 pads to 50304), tied embeddings, bf16 weights with fp32 main weights and Adam
 moments: 1.56 B parameters, 21.8 GB. 25 heads allow TP 1, 5 or 25 only, hence TP5 -> TP1.
+--num-layers 24 makes the same model half as deep: 0.82 B parameters, 11.6 GB.
 
 The checkpoints are written by tests/interop's torch-format writer (the one the CI tests build
 Megatron checkpoints with, from megatron_testlib's layout rules), streaming from 64 MiB random
@@ -204,8 +207,10 @@ def write_torch(path, shards, dist_opt):
             decay = [n for n in order if len(shards.shape(n)) > 1 and not n.endswith(".bias")]
             no_decay = [n for n in order if n not in decay]
             index = {n: i for i, n in enumerate(decay + no_decay)}
-            step = Tensor.from_numpy(np.array(float(STEP), np.float32))
-            adam = {"state": {index[n]: {"step": step, "exp_avg": shards.tensor(n, t, "exp_avg"),
+            # torch's Adam keeps a `step` tensor per parameter: a 4-byte record beside each one's
+            # moments.
+            adam = {"state": {index[n]: {"step": Tensor.from_numpy(np.array(float(STEP), np.float32)),
+                                         "exp_avg": shards.tensor(n, t, "exp_avg"),
                                          "exp_avg_sq": shards.tensor(n, t, "exp_avg_sq")}
                               for n in decay + no_decay},
                     "param_groups": param_groups(None, [[index[n] for n in decay], [index[n] for n in no_decay]])}
@@ -326,15 +331,18 @@ def main():
     ap.add_argument("--cases", nargs="+", default=list(LABELS), choices=list(LABELS))
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--verify", action="store_true")
+    ap.add_argument("--num-layers", type=int, default=GPT2_XL["num_layers"],
+                    help="transformer layers (default 48, GPT-2 XL; 24 halves every size but the embedding's)")
     args = ap.parse_args()
     work = pathlib.Path(args.workdir)
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    if free_bytes(work) < 70 * GB:
-        print(f"warning: {free_bytes(work) / GB:.0f} GB free; a case needs ~66 GB "
-              "(source, copy, output)", file=sys.stderr)
-    shards = Shards(GPT2_XL, TP)
+    shards = Shards(dict(GPT2_XL, num_layers=args.num_layers), TP)
+    need = 2 * 14 * sum(int(np.prod(s)) for s in shards.shapes.values())  # source + copy or output
+    if free_bytes(work) < need * 1.05:
+        print(f"warning: {free_bytes(work) / GB:.0f} GB free; a case needs ~{need / GB:.0f} GB "
+              "(the source and its copy or the output)", file=sys.stderr)
     largest = max(int(np.prod(s)) for s in shards.shapes.values()) * 4  # an F32 state of the embedding
     rows = []
     try:

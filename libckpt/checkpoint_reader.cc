@@ -49,6 +49,13 @@ absl::Status VerifyShardFile(const ModelLayout& layout, int tp_rank, int pp_rank
   return absl::OkStatus();
 }
 
+absl::Status FullTensorSource::StreamFull(const ParamSpec& target, TensorKind kind,
+                                          const FullTensorSink& sink) {
+  if (auto s = ReadFull(target, kind, &stream_buffer_); !s.ok()) return s;
+  if (auto s = sink.begin(stream_buffer_.dtype); !s.ok()) return s;
+  return sink.append(stream_buffer_.bytes());
+}
+
 absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
     const std::string& checkpoint_dir, std::optional<int64_t> iteration,
     CheckpointReadOptions options) {

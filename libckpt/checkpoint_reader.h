@@ -2,6 +2,7 @@
 // (names, shapes, dtypes, no shard missing), and full (TP-merged) tensors on demand.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -17,6 +18,13 @@
 
 namespace leantron::ckpt {
 
+// Where FullTensorSource::StreamFull sends a full tensor: its dtype, then its bytes front to back
+// in consecutive pieces of any size.
+struct FullTensorSink {
+  std::function<absl::Status(DType dtype)> begin;
+  std::function<absl::Status(std::span<const std::byte> piece)> append;
+};
+
 // Anything that can produce a parameter's full tensor shaped for a target layout: a checkpoint in
 // any layout, or a HuggingFace model. Writers and loaders pull from it one tensor at a time.
 class FullTensorSource {
@@ -25,7 +33,16 @@ class FullTensorSource {
   // Fills `out` with the full tensor for `target` (shape `target.shape`; vocabulary rows that the
   // source does not have are zero). A tied copy is read from the parameter it copies.
   virtual absl::Status ReadFull(const ParamSpec& target, TensorKind kind, Tensor* out) = 0;
+  // The same bytes handed to `sink` in pieces, so that a source that can (TpShardSource) never
+  // holds the whole tensor: the pieces stay in the CPU's cache from read to write. A source that
+  // checks records as it streams them may find one corrupt after the sink had some of its bytes:
+  // on error the caller discards what it made of them. By default, ReadFull into one buffer.
+  virtual absl::Status StreamFull(const ParamSpec& target, TensorKind kind,
+                                  const FullTensorSink& sink);
   virtual bool has_optimizer() const = 0;
+
+ private:
+  Tensor stream_buffer_;  // The default StreamFull's, kept between tensors.
 };
 
 // An opened checkpoint of any format (the project's own, or Megatron-LM's `torch` and

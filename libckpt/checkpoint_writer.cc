@@ -4,8 +4,10 @@
 #include <stdio.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "libckpt/checkpoint_verify.h"
@@ -227,46 +229,101 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Create(
   return writer;
 }
 
-absl::Status CheckpointWriter::WriteFull(const ParamSpec& spec, TensorKind kind,
-                                         std::span<const std::byte> full) {
+absl::Status CheckpointWriter::BeginFull(const ParamSpec& spec, TensorKind kind) {
+  if (streaming_.spec != nullptr) {
+    return absl::FailedPreconditionError(Cat("checkpoint writer: '", streaming_.spec->name,
+                                             "' is not complete before '", spec.name, "'"));
+  }
   const ParamSpec* own = layout_.Find(spec.name);
   if (own == nullptr || own->shape != spec.shape) {
     return absl::InvalidArgumentError(Cat("checkpoint writer: '", spec.name,
                                           "' is not a parameter of this layout with that shape"));
   }
-  const DType dtype = kind == TensorKind::kParam ? metadata_.config.params_dtype : DType::kF32;
-  if (full.size() != static_cast<size_t>(NumElements(own->shape)) * DTypeSize(dtype)) {
-    return absl::InvalidArgumentError(Cat("checkpoint writer: '", spec.name, "' has ", full.size(),
-                                          " bytes, expected ", DTypeName(dtype), " of its shape"));
-  }
   if (kind != TensorKind::kParam && !metadata_.has_optimizer) {
     return absl::FailedPreconditionError("checkpoint writer: saving without optimizer state");
   }
-  if (auto s = WriteShards(*own, kind, full); !s.ok()) return s;
+  const DType dtype = kind == TensorKind::kParam ? metadata_.config.params_dtype : DType::kF32;
+  streaming_ = {.spec = own,
+                .targets = {own},
+                .kind = kind,
+                .element_size = DTypeSize(dtype),
+                .at = 0,
+                .size = static_cast<size_t>(NumElements(own->shape)) * DTypeSize(dtype)};
   for (const ParamSpec& copy : layout_.params()) {
-    if (copy.tied_to == own->name) {
-      if (auto s = WriteShards(copy, kind, full); !s.ok()) return s;
+    if (copy.tied_to == own->name) streaming_.targets.push_back(&copy);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointWriter::AppendFull(std::span<const std::byte> piece) {
+  if (streaming_.spec == nullptr) {
+    return absl::FailedPreconditionError("checkpoint writer: AppendFull without BeginFull");
+  }
+  if (piece.size() > streaming_.size - streaming_.at) {
+    const std::string name = streaming_.spec->name;
+    streaming_ = {};
+    return absl::InvalidArgumentError(
+        Cat("checkpoint writer: '", name, "' gets more bytes than its shape holds"));
+  }
+  for (const ParamSpec* target : streaming_.targets) {
+    if (auto s = AppendShards(*target, piece, streaming_.at); !s.ok()) return s;
+  }
+  streaming_.at += piece.size();
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointWriter::EndFull() {
+  const Streaming done = std::exchange(streaming_, {});
+  if (done.spec == nullptr) {
+    return absl::FailedPreconditionError("checkpoint writer: EndFull without BeginFull");
+  }
+  if (done.at != done.size) {
+    return absl::InvalidArgumentError(Cat("checkpoint writer: '", done.spec->name, "' got ",
+                                          done.at, " of its ", done.size, " bytes"));
+  }
+  if (done.size == 0) {  // Nothing was appended: mark the empty shards written.
+    for (const ParamSpec* target : done.targets) {
+      auto& writers =
+          (done.kind != TensorKind::kParam ? optimizer_writers_ : model_writers_)[target->stage];
+      for (auto& writer : writers) {
+        if (auto s = writer->Append(StoredTensorName(target->name, done.kind), {}); !s.ok()) {
+          return s;
+        }
+      }
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status CheckpointWriter::WriteShards(const ParamSpec& target, TensorKind kind,
-                                           std::span<const std::byte> full) {
-  const bool optimizer = kind != TensorKind::kParam;
-  const size_t element_size = DTypeSize(optimizer ? DType::kF32 : metadata_.config.params_dtype);
+absl::Status CheckpointWriter::AppendShards(const ParamSpec& target,
+                                            std::span<const std::byte> piece, size_t at) {
+  const TensorKind kind = streaming_.kind;
+  const size_t element_size = streaming_.element_size;
   const std::string name = StoredTensorName(target.name, kind);
-  auto& writers = (optimizer ? optimizer_writers_ : model_writers_)[target.stage];
+  auto& writers = (kind != TensorKind::kParam ? optimizer_writers_ : model_writers_)[target.stage];
   for (int tp = 0; tp < metadata_.parallel.tp; ++tp) {
-    absl::Status status;
-    if (auto direct = layout_.ContiguousShard(target, tp, element_size, full)) {
-      status = writers[tp]->Write(name, *direct);
-    } else {
-      shard_buffer_.resize(full.size() / metadata_.parallel.tp);
-      layout_.ExtractShard(target, tp, element_size, full, shard_buffer_);
-      status = writers[tp]->Write(name, shard_buffer_);
+    // The piece's bytes of this rank's shard are one contiguous range of it: a view of the piece
+    // when they are one run of it, else gathered.
+    size_t runs = 0, first = 0, bytes = 0;
+    layout_.ForEachRunIn(target, tp, element_size, at, at + piece.size(),
+                         [&](size_t full_at, size_t, size_t n) {
+                           if (runs++ == 0) first = full_at - at;
+                           bytes += n;
+                         });
+    if (runs == 0) continue;
+    std::span<const std::byte> data = piece.subspan(first, bytes);
+    if (runs > 1) {
+      shard_buffer_.resize(bytes);
+      size_t shard_begin = SIZE_MAX;
+      layout_.ForEachRunIn(target, tp, element_size, at, at + piece.size(),
+                           [&](size_t full_at, size_t shard_at, size_t n) {
+                             if (shard_begin == SIZE_MAX) shard_begin = shard_at;
+                             std::memcpy(shard_buffer_.data() + (shard_at - shard_begin),
+                                         piece.data() + (full_at - at), n);
+                           });
+      data = shard_buffer_;
     }
-    if (!status.ok()) return status;
+    if (auto s = writers[tp]->Append(name, data); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -311,19 +368,29 @@ absl::Status SaveCheckpointFrom(FullTensorSource& source, const CheckpointMetada
     }
   }
   ConversionProgress meter(show_progress, total_tensors, total_bytes);
-  Tensor full;
-  for (const ParamSpec& spec : (*writer)->layout().params()) {
+  CheckpointWriter& out = **writer;
+  for (const ParamSpec& spec : out.layout().params()) {
     if (!spec.tied_to.empty()) continue;  // Written together with the parameter it copies.
     for (TensorKind kind : kinds) {
-      if (auto s = source.ReadFull(spec, kind, &full); !s.ok()) return s;
       const DType expected =
           kind == TensorKind::kParam ? metadata.config.params_dtype : DType::kF32;
-      if (full.dtype != expected) {
-        return absl::InvalidArgumentError(Cat("'", spec.name, "' is ", DTypeName(full.dtype),
+      // Piece by piece from source to shards: with a streaming source (TpShardSource) no full
+      // tensor is ever in memory, and each piece is still in the CPU's cache when it is written.
+      if (auto s = out.BeginFull(spec, kind); !s.ok()) return s;
+      int64_t bytes = 0;
+      auto begin = [&](DType dtype) {
+        if (dtype == expected) return absl::OkStatus();
+        return absl::InvalidArgumentError(Cat("'", spec.name, "' is ", DTypeName(dtype),
                                               " but the checkpoint stores ", DTypeName(expected)));
-      }
-      if (auto s = (*writer)->WriteFull(spec, kind, full.bytes()); !s.ok()) return s;
-      meter.Add(1, static_cast<int64_t>(full.data.size()));
+      };
+      auto append = [&](std::span<const std::byte> piece) {
+        bytes += static_cast<int64_t>(piece.size());
+        return out.AppendFull(piece);
+      };
+      const FullTensorSink sink = {begin, append};
+      if (auto s = source.StreamFull(spec, kind, sink); !s.ok()) return s;
+      if (auto s = out.EndFull(); !s.ok()) return s;
+      meter.Add(1, bytes);
     }
   }
   meter.Done();

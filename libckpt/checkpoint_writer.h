@@ -71,16 +71,29 @@ class CheckpointWriter {
       const std::string& checkpoint_dir, const CheckpointMetadata& metadata);
 
   const ModelLayout& layout() const { return layout_; }
-  // Splits a full tensor (shape `spec.shape`) into every TP rank's shard of its stage, and into the
-  // tied copies of it.
-  absl::Status WriteFull(const ParamSpec& spec, TensorKind kind, std::span<const std::byte> full);
+  // A full tensor (shape `spec.shape`) split into every TP rank's shard of its stage and into the
+  // tied copies of it: after BeginFull, its bytes arrive front to back in consecutive pieces of
+  // any size (FullTensorSource::StreamFull), and each piece goes straight on to the shards that
+  // hold its bytes; EndFull checks that all of them came.
+  absl::Status BeginFull(const ParamSpec& spec, TensorKind kind);
+  absl::Status AppendFull(std::span<const std::byte> piece);
+  absl::Status EndFull();
   absl::Status Commit(const SaveProgress& progress = nullptr);
 
  private:
   CheckpointWriter(CheckpointMetadata metadata, ModelLayout layout)
       : metadata_(std::move(metadata)), layout_(std::move(layout)) {}
-  absl::Status WriteShards(const ParamSpec& target, TensorKind kind,
-                           std::span<const std::byte> full);
+  // Bytes [at, at + piece.size()) of the full tensor, to every TP rank's shard of `target`.
+  absl::Status AppendShards(const ParamSpec& target, std::span<const std::byte> piece, size_t at);
+  // The tensor between BeginFull and EndFull.
+  struct Streaming {
+    const ParamSpec* spec = nullptr;
+    std::vector<const ParamSpec*> targets;  // spec and its tied copies
+    TensorKind kind = TensorKind::kParam;
+    size_t element_size = 0;
+    size_t at = 0, size = 0;
+  };
+  Streaming streaming_;
   std::string checkpoint_dir_;
   std::string temp_dir_;
   CheckpointMetadata metadata_;

@@ -266,6 +266,35 @@ void ModelLayout::InsertShard(const ParamSpec& spec, int tp_rank, size_t element
   });
 }
 
+void ModelLayout::ForEachRunIn(const ParamSpec& spec, int tp_rank, size_t element_size,
+                               size_t begin, size_t end,
+                               const std::function<void(size_t, size_t, size_t)>& fn) const {
+  end = std::min(end, static_cast<size_t>(NumElements(spec.shape)) * element_size);
+  if (begin >= end) return;
+  const int dim = SplitDim(spec);
+  if (dim < 0) {
+    fn(begin, begin, end - begin);
+    return;
+  }
+  int64_t inner = 1;
+  for (size_t d = dim + 1; d < spec.shape.size(); ++d) inner *= spec.shape[d];
+  const size_t inner_bytes = static_cast<size_t>(inner) * element_size;
+  const size_t full_stride = static_cast<size_t>(spec.shape[dim]) * inner_bytes;
+  const size_t shard_stride = full_stride / parallel_.tp;
+  const std::vector<SplitPiece> pieces = Pieces(spec, tp_rank);
+  // Outer index o covers full bytes [o * full_stride, (o + 1) * full_stride).
+  for (size_t o = begin / full_stride; o * full_stride < end; ++o) {
+    size_t local = o * shard_stride;
+    for (const SplitPiece& piece : pieces) {
+      const size_t run = o * full_stride + static_cast<size_t>(piece.begin) * inner_bytes;
+      const size_t n = static_cast<size_t>(piece.count) * inner_bytes;
+      const size_t lo = std::max(run, begin), hi = std::min(run + n, end);
+      if (lo < hi) fn(lo, local + (lo - run), hi - lo);
+      local += n;
+    }
+  }
+}
+
 std::optional<std::span<const std::byte>> ModelLayout::ContiguousShard(
     const ParamSpec& spec, int tp_rank, size_t element_size,
     std::span<const std::byte> full) const {

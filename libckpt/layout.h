@@ -99,6 +99,13 @@ class ModelLayout {
                    std::span<const std::byte> shard, std::span<std::byte> full,
                    const std::function<void(size_t)>& consumed = {}) const;
 
+  // The runs of `tp_rank`'s shard that overlap bytes [begin, end) of the full tensor, clipped to
+  // them, in order, as fn(full_at, shard_at, n). They are adjacent in the shard, so together they
+  // are one contiguous range of it: what a reader streaming the full tensor in pieces reads from
+  // a rank's shard, or a writer appends to one.
+  void ForEachRunIn(const ParamSpec& spec, int tp_rank, size_t element_size, size_t begin,
+                    size_t end, const std::function<void(size_t, size_t, size_t)>& fn) const;
+
   // The shard of `tp_rank` as a view into `full` when it is one contiguous run of it (dim-0
   // splits, replicated tensors); empty otherwise. Lets writers skip a copy.
   std::optional<std::span<const std::byte>> ContiguousShard(const ParamSpec& spec, int tp_rank,

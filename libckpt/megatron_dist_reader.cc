@@ -1,4 +1,6 @@
 // Megatron's `torch_dist` checkpoint format (megatron_reader.h).
+#include "libckpt/megatron_dist_reader.h"
+
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -18,215 +20,12 @@
 #include "libckpt/torch_dist_metadata.h"
 
 namespace leantron::ckpt {
-namespace {
 
 namespace stdfs = std::filesystem;
 
-int64_t Volume(const std::vector<int64_t>& sizes) {
-  int64_t n = 1;
-  for (int64_t s : sizes) n *= s;
-  return n;
-}
-
-// Copies the part of a chunk (row-major `chunk_sizes` at global `chunk_offsets`) that lies in the
-// region (row-major `region_sizes` at `region_offsets`) into `dst`; returns the elements copied.
-int64_t CopyIntersection(std::span<const std::byte> src, const std::vector<int64_t>& chunk_offsets,
-                         const std::vector<int64_t>& chunk_sizes, std::span<std::byte> dst,
-                         const std::vector<int64_t>& region_offsets,
-                         const std::vector<int64_t>& region_sizes, size_t element) {
-  const size_t n = chunk_sizes.size();
-  if (n == 0) {
-    std::memcpy(dst.data(), src.data(), element);
-    return 1;
-  }
-  std::vector<int64_t> lo(n), hi(n);
-  for (size_t d = 0; d < n; ++d) {
-    lo[d] = std::max(chunk_offsets[d], region_offsets[d]);
-    hi[d] = std::min(chunk_offsets[d] + chunk_sizes[d], region_offsets[d] + region_sizes[d]);
-    if (lo[d] >= hi[d]) return 0;
-  }
-  const int64_t row = hi[n - 1] - lo[n - 1];
-  std::vector<int64_t> index(lo.begin(), lo.end() - 1);
-  int64_t copied = 0;
-  while (true) {
-    int64_t s = 0, t = 0;
-    for (size_t d = 0; d + 1 < n; ++d) {
-      s = s * chunk_sizes[d] + (index[d] - chunk_offsets[d]);
-      t = t * region_sizes[d] + (index[d] - region_offsets[d]);
-    }
-    s = s * chunk_sizes[n - 1] + (lo[n - 1] - chunk_offsets[n - 1]);
-    t = t * region_sizes[n - 1] + (lo[n - 1] - region_offsets[n - 1]);
-    std::memcpy(dst.data() + t * element, src.data() + s * element, row * element);
-    copied += row;
-    size_t d = n - 1;
-    while (d > 0) {
-      --d;
-      if (++index[d] < hi[d]) break;
-      index[d] = lo[d];
-      if (d == 0) return copied;
-    }
-    if (n == 1) return copied;
-  }
-}
-
-// Where a canonical parameter of one kind lives: a whole DCP tensor, or one layer of a stacked one.
-struct DistEntry {
-  const DcpTensorInfo* info = nullptr;
-  std::string key;
-  int layer = -1;  // >= 0: index into a stacked tensor's first dimension.
-};
-
-// One TP rank's shard of a parameter inside a distributed-optimizer bucket tensor.
-struct BucketSlice {
-  const DcpTensorInfo* info = nullptr;
-  std::string key;
-  int64_t offset = 0;
-};
-
-class MegatronDistReader : public CheckpointSource {
- public:
-  static absl::StatusOr<std::unique_ptr<CheckpointSource>> Open(const std::string& iteration_dir,
-                                                                CheckpointReadOptions options);
-  std::string_view format_name() const override { return "megatron torch_dist"; }
-  void DescribeFiles(std::ostream& out) const override;
-  absl::Status ReadFull(const ParamSpec& target, TensorKind kind, Tensor* out) override;
-
- private:
-  MegatronDistReader(CheckpointMetadata metadata, ModelLayout layout)
-      : CheckpointSource(std::move(metadata), std::move(layout)) {}
-  absl::StatusOr<std::shared_ptr<const MappedFile>> File(const std::string& name);
-  absl::StatusOr<std::unique_ptr<TorchArchive>> Item(const DcpStorage& storage);
-  // Copies the region of a DCP tensor into `dst` (row-major region_sizes); every element must come
-  // from exactly one chunk.
-  absl::Status ReadRegion(const DcpTensorInfo& info, const std::string& key,
-                          const std::vector<int64_t>& offsets, const std::vector<int64_t>& sizes,
-                          std::span<std::byte> dst);
-  absl::Status MapTensors(const MegatronRun& run);
-
-  std::string dir_;
-  bool verify_ = true;
-  DcpMetadata md_;
-  absl::flat_hash_map<std::string, std::shared_ptr<const MappedFile>> files_;
-  absl::flat_hash_map<std::string, DistEntry> entries_[4];                 // [kind][canonical]
-  absl::flat_hash_map<std::string, std::vector<BucketSlice>> buckets_[4];  // [kind][canonical][tp]
-};
-
-absl::StatusOr<std::shared_ptr<const MappedFile>> MegatronDistReader::File(
-    const std::string& name) {
-  auto it = files_.find(name);
-  if (it != files_.end()) return it->second;
-  auto file = MappedFile::Open((stdfs::path(dir_) / name).string());
-  if (!file.ok()) return file.status();
-  files_.emplace(name, *file);
-  return *file;
-}
-
-absl::StatusOr<std::unique_ptr<TorchArchive>> MegatronDistReader::Item(const DcpStorage& storage) {
-  auto file = File(storage.file);
-  if (!file.ok()) return file.status();
-  return TorchArchive::OpenSlice(*file, storage.offset, storage.length);
-}
-
-absl::Status MegatronDistReader::ReadRegion(const DcpTensorInfo& info, const std::string& key,
-                                            const std::vector<int64_t>& offsets,
-                                            const std::vector<int64_t>& sizes,
-                                            std::span<std::byte> dst) {
-  const size_t element = DTypeSize(info.dtype);
-  int64_t copied = 0;
-  for (const DcpChunk& chunk : info.chunks) {
-    bool touches = true;
-    for (size_t d = 0; d < sizes.size(); ++d) {
-      touches = touches && chunk.offsets[d] < offsets[d] + sizes[d] &&
-                offsets[d] < chunk.offsets[d] + chunk.sizes[d];
-    }
-    if (!touches || Volume(chunk.sizes) == 0) continue;
-    auto archive = Item(chunk.storage);
-    if (!archive.ok()) return archive.status();
-    auto tensor = (*archive)->Tensor((*archive)->root(),
-                                     Cat(key, "@[", absl::StrJoin(chunk.offsets, ","), "]"));
-    if (!tensor.ok()) return tensor.status();
-    if (tensor->dtype != info.dtype || tensor->shape != chunk.sizes) {
-      return absl::DataLossError(
-          Cat((*archive)->source(), ": chunk of '", key, "' is ", DTypeName(tensor->dtype), " [",
-              absl::StrJoin(tensor->shape, ","), "], .metadata says ", DTypeName(info.dtype), " [",
-              absl::StrJoin(chunk.sizes, ","), "]"));
-    }
-    if (verify_) {
-      for (const ZipEntry& entry : (*archive)->zip().entries()) {
-        auto release = [&](std::span<const std::byte> done) { (*archive)->Release(done); };
-        if (auto s = (*archive)->zip().VerifyCrc(entry, release); !s.ok()) return s;
-      }
-    }
-    copied +=
-        CopyIntersection(tensor->data, chunk.offsets, chunk.sizes, dst, offsets, sizes, element);
-    (*archive)->Release(tensor->data);
-  }
-  if (copied != Volume(sizes)) {
-    return absl::DataLossError(Cat(dir_, ": the chunks of '", key, "' cover ", copied, " of the ",
-                                   Volume(sizes), " elements read (checkpoint is incomplete)"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status MegatronDistReader::ReadFull(const ParamSpec& target, TensorKind kind, Tensor* out) {
-  const bool optimizer = kind != TensorKind::kParam;
-  if (optimizer && !metadata_.has_optimizer) {
-    return absl::FailedPreconditionError(Cat(dir_, ": checkpoint has no optimizer state"));
-  }
-  const std::string& canonical = target.tied_to.empty() ? target.name : target.tied_to;
-  const ParamSpec* source = layout_.Find(canonical);
-  if (source == nullptr || !source->tied_to.empty()) {
-    return absl::NotFoundError(Cat(dir_, ": checkpoint has no parameter '", canonical, "'"));
-  }
-  const DType dtype = optimizer ? DType::kF32 : metadata_.config.params_dtype;
-  const size_t element = DTypeSize(dtype);
-  const bool same_shape = source->shape == target.shape;
-  if (!same_shape && (source->split != TpSplit::kVocabRows || target.shape.size() != 2 ||
-                      source->shape[1] != target.shape[1])) {
-    return absl::InvalidArgumentError(Cat(dir_, ": parameter '", canonical, "' has shape [",
-                                          absl::StrJoin(source->shape, ","), "], requested [",
-                                          absl::StrJoin(target.shape, ","), "]"));
-  }
-  std::vector<int64_t> shape = source->shape;
-  if (!same_shape) shape[0] = std::max(source->shape[0], target.shape[0]);
-  out->Reset(dtype, shape);
-  const std::span<std::byte> full(out->data.data(),
-                                  static_cast<size_t>(NumElements(source->shape)) * element);
-  const int k = static_cast<int>(kind);
-  if (auto it = entries_[k].find(canonical); it != entries_[k].end()) {
-    const DistEntry& e = it->second;
-    std::vector<int64_t> offsets(e.info->shape.size(), 0), sizes = e.info->shape;
-    if (e.layer >= 0) {
-      offsets[0] = e.layer;
-      sizes[0] = 1;
-    }
-    if (auto s = ReadRegion(*e.info, e.key, offsets, sizes, full); !s.ok()) return s;
-  } else if (auto b = buckets_[k].find(canonical); b != buckets_[k].end()) {
-    const std::vector<int64_t> shard_shape = layout_.ShardShape(*source);
-    const int64_t numel = NumElements(shard_shape);
-    std::vector<std::byte> shard(static_cast<size_t>(numel) * element);
-    for (int tp = 0; tp < metadata_.parallel.tp; ++tp) {
-      const BucketSlice& slice = b->second[tp];
-      if (auto s = ReadRegion(*slice.info, slice.key, {slice.offset}, {numel}, shard); !s.ok()) {
-        return s;
-      }
-      layout_.InsertShard(*source, tp, element, shard, full);
-      if (source->split == TpSplit::kReplicated) break;
-    }
-  } else {
-    return absl::NotFoundError(
-        Cat(dir_, ": checkpoint has no ", StoredTensorName(canonical, kind)));
-  }
-  if (!same_shape) {
-    out->shape = target.shape;
-    out->data.resize(static_cast<size_t>(NumElements(target.shape)) * element);
-  }
-  return absl::OkStatus();
-}
-
 // "<int><rest>" after `prefix` at the start of `s`.
-std::optional<std::pair<int64_t, std::string_view>> IntAfter(std::string_view s,
-                                                             std::string_view prefix) {
+static std::optional<std::pair<int64_t, std::string_view>> IntAfter(std::string_view s,
+                                                                    std::string_view prefix) {
   if (s.substr(0, prefix.size()) != prefix) return std::nullopt;
   s.remove_prefix(prefix.size());
   size_t n = 0;
@@ -386,7 +185,7 @@ absl::Status MegatronDistReader::MapTensors(const MegatronRun& run) {
 
 // Adam's step in Megatron's common state: a non-distributed optimizer's `common_step`, or the
 // `step` of the first param group (torch AdamW without Apex / TE; FusedAdam).
-std::optional<int64_t> FindStep(const TorchArchive& archive, const PyValue* v, int depth) {
+static std::optional<int64_t> FindStep(const TorchArchive& archive, const PyValue* v, int depth) {
   if (v == nullptr || depth > 5) return std::nullopt;
   auto scalar = [&](const PyValue* s) -> std::optional<int64_t> {
     if (s == nullptr) return std::nullopt;
@@ -513,8 +312,6 @@ absl::StatusOr<std::unique_ptr<CheckpointSource>> MegatronDistReader::Open(
   }
   return std::unique_ptr<CheckpointSource>(std::move(reader));
 }
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<CheckpointSource>> OpenMegatronDistCheckpoint(
     const std::string& iteration_dir, CheckpointReadOptions options) {

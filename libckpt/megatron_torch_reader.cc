@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <tuple>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
@@ -132,6 +133,9 @@ absl::StatusOr<int64_t> ScalarInt(const TorchArchive& archive, const PyValue* v,
   if (TorchArchive::IsTensor(v)) {
     auto t = archive.Tensor(v, what);
     if (!t.ok()) return t.status();
+    // The value is read through the mapping: drop the pages that brings in (a whole large folio
+    // of the file around a 4-byte record, for each parameter's `step`) once it is read.
+    absl::Cleanup drop = [&] { archive.Release(t->data); };
     if (t->data.size() == DTypeSize(t->dtype) && t->dtype != DType::kBool) {
       auto value = ElementAsDouble(t->dtype, t->data.data(), 0);
       if (!value && (t->dtype == DType::kI64 || t->dtype == DType::kI32)) {
@@ -198,7 +202,7 @@ absl::Status MegatronTorchReader::AddRankTensor(const TorchArchive& archive, Ten
     return absl::DataLossError(Cat(archive.source(), ": ", what, " is ", DTypeName(tensor->dtype),
                                    ", expected ", DTypeName(dtype)));
   }
-  AddShard(kind, spec.name, tp, {tensor->data, archive.file(), &archive, tensor->storage_key});
+  AddShard(kind, spec.name, tp, {tensor->data, &archive, tensor->storage_key});
   return absl::OkStatus();
 }
 
@@ -238,7 +242,7 @@ absl::Status MegatronTorchReader::AddModel(const TorchArchive& archive, int tp, 
       if (run_.fp32_training && metadata_.has_optimizer && !run_.distributed_optimizer) {
         auto tensor = archive.Tensor(value, name);
         AddShard(TensorKind::kMainParam, spec->name, tp,
-                 {tensor->data, archive.file(), &archive, tensor->storage_key});
+                 {tensor->data, &archive, tensor->storage_key});
       }
     }
   }
@@ -297,8 +301,8 @@ absl::Status MegatronTorchReader::AddDistributedOptimizer(const TorchArchive& ar
       for (const BufferParam& param : flat.params) {
         if (!param.spec->tied_to.empty()) continue;
         AddShard(kind, param.spec->name, tp,
-                 {tensor->data.subspan(param.world_offset * 4, param.numel * 4), archive.file(),
-                  &archive, tensor->storage_key});
+                 {tensor->data.subspan(param.world_offset * 4, param.numel * 4), &archive,
+                  tensor->storage_key});
       }
     }
   }
@@ -486,8 +490,8 @@ absl::StatusOr<std::unique_ptr<CheckpointSource>> MegatronTorchReader::Open(
                                        source, "'s"));
       }
     }
-    // The pickle and small records now; each storage record when a tensor is first copied out
-    // of it (TpShardSource::ReadFull), so the data is read once, not once more up front.
+    // The pickle and small records now; each storage record as a tensor is first copied out of
+    // it (TpShardSource::StreamFull), so the data is read once, not once more up front.
     if (options.verify) {
       if (auto s = archive->VerifyCrcs(/*storages=*/false); !s.ok()) return s;
     }
@@ -504,6 +508,8 @@ absl::StatusOr<std::unique_ptr<CheckpointSource>> MegatronTorchReader::Open(
           if (auto s = (*optim)->VerifyCrcs(/*storages=*/false); !s.ok()) return s;
         }
         if (auto s = reader->AddDistributedOptimizer(**optim, rank.tp, rank.pp); !s.ok()) return s;
+        (*optim)->ReleaseAll();
+        (*optim)->DropPickle();
         reader->archives_.push_back(*std::move(optim));
         // The step is in the model file's optimizer entry (its param groups).
         const PyValue* groups =
@@ -516,6 +522,10 @@ absl::StatusOr<std::unique_ptr<CheckpointSource>> MegatronTorchReader::Open(
         return s;
       }
     }
+    // Whatever else the metadata touched through the mapping leaves the resident set; the
+    // tensors' pages come and go as TpShardSource streams them. The pickle is done with too.
+    archive->ReleaseAll();
+    archive->DropPickle();
     reader->archives_.push_back(std::move(archive));
   }
   if (auto missing = reader->FirstMissing(TensorKind::kParam)) {

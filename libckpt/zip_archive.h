@@ -32,7 +32,12 @@ struct ZipEntry {
 class ZipArchive {
  public:
   // `bytes` must outlive the archive; `source` names it in errors ("<file>" or "<file>@<offset>").
-  static absl::StatusOr<ZipArchive> Parse(std::span<const std::byte> bytes, std::string source);
+  // `checked`, when given, is called with each entry's local header once it is checked: they lie
+  // all over the file, one beside each entry's data, so a caller parsing a mapping drops their
+  // pages as it goes rather than keeping a page (and its fault-around window) per entry resident.
+  static absl::StatusOr<ZipArchive> Parse(
+      std::span<const std::byte> bytes, std::string source,
+      const std::function<void(std::span<const std::byte>)>& checked = {});
 
   const std::string& source() const { return source_; }
   const std::vector<ZipEntry>& entries() const { return entries_; }
@@ -41,7 +46,7 @@ class ZipArchive {
     return bytes_.subspan(entry.offset, entry.size);
   }
   // Compares an entry's bytes with its CRC-32 (one read of them); DataLoss names the entry.
-  // `done`, when given, is called with each 32 MiB piece once it is read (to drop its pages).
+  // `done`, when given, is called with each 2 MiB piece once it is read (to drop its pages).
   absl::Status VerifyCrc(const ZipEntry& entry,
                          const std::function<void(std::span<const std::byte>)>& done = {}) const;
 
@@ -52,7 +57,7 @@ class ZipArchive {
   absl::flat_hash_map<std::string, size_t> index_;
 };
 
-// CRC-32 (zip's, zlib's crc32) of `bytes`, continuing from `crc`.
+// CRC-32 (zip's, the same as zlib's crc32) of `bytes`, continuing from `crc`.
 uint32_t Crc32(uint32_t crc, std::span<const std::byte> bytes);
 
 }  // namespace leantron::ckpt

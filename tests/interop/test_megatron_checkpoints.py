@@ -79,6 +79,47 @@ def test_legacy_language_model_names_without_optimizer(tmp_path):
     check_import(tmp_path, src, GPT2_MODEL, params, opt, with_optimizer=False)
 
 
+# Tensors of several of the reader's 256 KiB pieces (TpShardSource::kStreamPiece, read ahead in a
+# second thread): an fp32 embedding of 3328 x 256 (13 pieces, 6.5 per TP2 shard), a SwiGLU
+# linear_fc1 of 2048 x 256, a row-parallel linear_fc2 of 256 x 1024 (gathered from every rank,
+# piece by piece). The vocabulary (3100) pads to 3328 rows at TP2, 3200 at TP1 (the source's last
+# rows are skipped, still CRC-checked) and 3584 at TP4 (zero rows added).
+BIG = {"num_layers": 2, "hidden_size": 256, "ffn_hidden_size": 1024, "num_attention_heads": 8,
+       "num_query_groups": 8, "kv_channels": 32, "vocab_size": 3100, "max_position_embeddings": 512}
+BIG_CASES = {
+    "gpt2_tp2_adam": (dict(GPT2_MODEL, **BIG), False),
+    "llama_tp2_adam": (dict(LLAMA_MODEL, **dict(BIG, num_query_groups=4)), False),
+    "gpt2_tp2_distopt": (dict(GPT2_MODEL, **BIG), True),
+}
+
+
+@pytest.mark.parametrize("case", BIG_CASES, ids=list(BIG_CASES))
+def test_legacy_torch_import_streams_large_tensors(tmp_path, case):
+    model, dist = BIG_CASES[case]
+    params, opt = state(model, 2, seed=19)
+    src = tmp_path / "megatron"
+    write_megatron_torch(src, model, 2, 1, 1, params, opt, iteration=20, step=20, dist_opt=dist)
+    for tp in (1, 4):
+        out = tmp_path / f"ours_tp{tp}"
+        reshard(src, out, tp, 1)
+        _, ours = read_ours_f32(out)
+        assert_same_state(ours, params, opt)
+    # A byte flipped in the last piece of the largest record, after the reader has written the
+    # pieces before it: the CRC check names the record and nothing is left behind.
+    model_file = src / "iter_0000020" / "mp_rank_01" / ("distrib_optim.pt" if dist else "model_optim_rng.pt")
+    blob = bytearray(model_file.read_bytes())
+    with zipfile.ZipFile(model_file) as z:
+        info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    assert info.file_size > 4 * (256 << 10)  # several pieces
+    local = blob[info.header_offset:info.header_offset + 30]
+    start = info.header_offset + 30 + int.from_bytes(local[26:28], "little") + int.from_bytes(local[28:30], "little")
+    blob[start + info.file_size - 100] ^= 0x40
+    model_file.write_bytes(bytes(blob))
+    err = reshard(src, tmp_path / "bad", 1, 1, ok=False).stderr
+    assert f"{info.filename}' does not match its CRC-32" in err, err
+    assert not (tmp_path / "bad").exists()
+
+
 DIST_CASES = {
     "gpt2_tp2pp2_adam": (GPT2_MODEL, 2, 2, False, True),
     "llama_tp2_distopt_bucket_space": (LLAMA_MODEL, 2, 1, True, True),
@@ -94,6 +135,30 @@ def test_torch_dist_import(tmp_path, case):
     src = tmp_path / "megatron"
     write_megatron_dist(src, model, tp, pp, params, opt, iteration=20, step=20, dist_opt=dist, bf16=bf16)
     check_import(tmp_path, src, model, params, opt)
+
+
+# torch_dist: a parameter stored whole (or as one layer of a stacked tensor) streams in blocks of
+# rows (MegatronDistReader::StreamFull), copied out of every rank's chunk piece by piece; the
+# distributed optimizer's buckets are read whole. Same model sizes as the legacy case above.
+@pytest.mark.parametrize("dist", [False, True], ids=["adam", "distopt"])
+def test_torch_dist_import_streams_large_tensors(tmp_path, dist):
+    model = dict(GPT2_MODEL, **BIG)
+    params, opt = state(model, 2, seed=21)
+    src = tmp_path / "megatron"
+    write_megatron_dist(src, model, 2, 1, params, opt, iteration=20, step=20, dist_opt=dist)
+    for tp in (1, 4):
+        out = tmp_path / f"ours_tp{tp}"
+        reshard(src, out, tp, 1)
+        _, ours = read_ours_f32(out)
+        assert_same_state(ours, params, opt)
+    # A byte flipped in the middle of the largest file (tensor bytes): refused, nothing left behind.
+    shard = max((src / "iter_0000020").glob("*.distcp"), key=lambda f: f.stat().st_size)
+    blob = bytearray(shard.read_bytes())
+    blob[len(blob) // 2] ^= 0x40
+    shard.write_bytes(bytes(blob))
+    err = reshard(src, tmp_path / "bad", 1, 1, ok=False).stderr
+    assert "does not match its CRC-32" in err, err
+    assert not (tmp_path / "bad").exists()
 
 
 def expected_keys(model, tp, pp, vpp, p, v):

@@ -93,6 +93,42 @@ TEST(LayoutTest, RowParallelSplitsColumns) {
   }
 }
 
+TEST(LayoutTest, RunsInAByteRangeCutTheShardExtractShardCuts) {
+  // Every parameter kind (SwiGLU rows, row-parallel columns, grouped QKV rows, vocabulary rows,
+  // replicated), every rank, the full tensor walked in pieces of several sizes: the runs of each
+  // piece are one contiguous range of the shard, the next piece's starts where it ended, and
+  // together they rebuild the shard ExtractShard cuts.
+  ModelConfig config = LlamaStyleConfig(2, 8, 12, 2, 2, 100, 16);
+  auto layout = ModelLayout::Create(config, {2, 1, 1});
+  ASSERT_TRUE(layout.ok());
+  for (const ParamSpec& spec : layout->params()) {
+    const size_t bytes = static_cast<size_t>(NumElements(spec.shape)) * 4;
+    std::vector<std::byte> full(bytes);
+    for (size_t i = 0; i < bytes; ++i) full[i] = static_cast<std::byte>(i * 13 + i / 256);
+    const size_t shard_bytes = static_cast<size_t>(NumElements(layout->ShardShape(spec))) * 4;
+    for (int tp = 0; tp < 2; ++tp) {
+      std::vector<std::byte> want(shard_bytes);
+      layout->ExtractShard(spec, tp, 4, full, want);
+      for (size_t piece : {size_t{4}, size_t{20}, size_t{52}, size_t{1000}, bytes}) {
+        std::vector<std::byte> got(shard_bytes, std::byte{0xee});
+        size_t next = 0;  // Where the shard's next byte must come from.
+        for (size_t at = 0; at < bytes; at += piece) {
+          layout->ForEachRunIn(spec, tp, 4, at, at + piece,
+                               [&](size_t full_at, size_t shard_at, size_t n) {
+                                 ASSERT_GE(full_at, at);
+                                 ASSERT_LE(full_at + n, at + piece);
+                                 ASSERT_EQ(shard_at, next) << spec.name;
+                                 std::memcpy(got.data() + shard_at, full.data() + full_at, n);
+                                 next += n;
+                               });
+        }
+        EXPECT_EQ(next, shard_bytes) << spec.name << " rank " << tp << " piece " << piece;
+        EXPECT_EQ(got, want) << spec.name << " rank " << tp << " piece " << piece;
+      }
+    }
+  }
+}
+
 TEST(LayoutTest, PipelineStagesWithVirtualChunks) {
   ModelConfig config = LlamaStyleConfig(8, 8, 12, 2, 2, 100, 16);
   auto layout = ModelLayout::Create(config, {1, 2, 2});

@@ -2,6 +2,7 @@
 // reader (the interop tests check the same files against the Python package).
 #include "libckpt/safetensors.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -89,6 +90,59 @@ TEST(SafetensorsTest, WriterRejectsWrongSizesAndMissingTensors) {
   EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
   EXPECT_FALSE(
       SafetensorsWriter::Create(path, {{"a", DType::kF32, {1}}, {"a", DType::kF32, {1}}}).ok());
+}
+
+TEST(SafetensorsTest, AppendedPiecesMakeTheFileWriteMakes) {
+  // Two tensors written in pieces of odd sizes, interleaved, against the same tensors written
+  // whole: the same bytes, header checksums included (XXH3 streamed over the pieces).
+  std::vector<uint8_t> a(4000 * 4), b(37);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<uint8_t>(i * 7 + i / 251);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<uint8_t>(200 - i);
+  const std::vector<TensorSpec> specs = {{"a", DType::kF32, {4000}}, {"b", DType::kU8, {37}}};
+  const std::string whole_path = TempPath("whole.safetensors");
+  const std::string pieces_path = TempPath("pieces.safetensors");
+  auto whole = SafetensorsWriter::Create(whole_path, specs, {{"format", "pt"}}, true);
+  ASSERT_TRUE(whole.ok());
+  ASSERT_TRUE((*whole)->Write("b", std::as_bytes(std::span(b))).ok());
+  ASSERT_TRUE((*whole)->Write("a", std::as_bytes(std::span(a))).ok());
+  ASSERT_TRUE((*whole)->Finish().ok());
+  auto pieces = SafetensorsWriter::Create(pieces_path, specs, {{"format", "pt"}}, true);
+  ASSERT_TRUE(pieces.ok());
+  const auto bytes_a = std::as_bytes(std::span(a));
+  const auto bytes_b = std::as_bytes(std::span(b));
+  size_t at_a = 0, at_b = 0;
+  for (size_t step = 1; at_a < bytes_a.size() || at_b < bytes_b.size();
+       step = step * 3 % 1021 + 1) {
+    const size_t n = std::min(step, bytes_a.size() - at_a);
+    if (n > 0) {
+      ASSERT_TRUE((*pieces)->Append("a", bytes_a.subspan(at_a, n)).ok());
+    }
+    at_a += n;
+    const size_t m = std::min<size_t>(5, bytes_b.size() - at_b);
+    if (m > 0) {
+      ASSERT_TRUE((*pieces)->Append("b", bytes_b.subspan(at_b, m)).ok());
+    }
+    at_b += m;
+  }
+  EXPECT_FALSE((*pieces)->Append("b", bytes_b.subspan(0, 1)).ok());  // Complete: written twice.
+  ASSERT_TRUE((*pieces)->Finish().ok());
+  auto read = [](const std::string& path) { return *fs::ReadFileToString(path); };
+  EXPECT_EQ(read(pieces_path), read(whole_path));
+  auto file = SafetensorsFile::Open(pieces_path);
+  ASSERT_TRUE(file.ok());
+  EXPECT_EQ(std::memcmp((*file)->Get("a")->data.data(), a.data(), a.size()), 0);
+
+  // Too many bytes, a Write after a piece, a tensor left half written.
+  const std::string bad_path = TempPath("half.safetensors");
+  auto bad = SafetensorsWriter::Create(bad_path, specs, {{"format", "pt"}}, true);
+  ASSERT_TRUE(bad.ok());
+  EXPECT_FALSE((*bad)->Append("b", std::as_bytes(std::span(a)).subspan(0, 38)).ok());
+  ASSERT_TRUE((*bad)->Append("b", bytes_b.subspan(0, 10)).ok());
+  EXPECT_FALSE((*bad)->Write("b", bytes_b).ok());
+  ASSERT_TRUE((*bad)->Write("a", bytes_a).ok());
+  const absl::Status finish = (*bad)->Finish();
+  EXPECT_FALSE(finish.ok());
+  EXPECT_NE(finish.message().find("'b' got only 10 of its 37 bytes"), std::string::npos) << finish;
 }
 
 TEST(SafetensorsTest, AcceptsWhatTheReferenceAccepts) {

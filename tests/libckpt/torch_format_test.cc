@@ -1,6 +1,7 @@
 // The PyTorch format layer: the restricted unpickler (data, placeholders, refusals, bounded
 // memory on hostile input), the zip reader and writer, and torch.save archives end to end.
 #include <gtest/gtest.h>
+#include <zlib.h>
 
 #include <cstring>
 #include <filesystem>
@@ -147,6 +148,22 @@ TEST(Pickle, HostileInputIsBounded) {
   EXPECT_LE((*looped)->num_values(), 10u);
   EXPECT_EQ((*looped)->root()->items.size(), 50000u);
   EXPECT_LE(PyRepr((*looped)->root(), 200).size(), 210u);  // safe on the cycle
+}
+
+TEST(Zip, Crc32IsZlibs) {
+  // Against zlib's crc32 (another implementation), whole and continued across odd splits.
+  std::string data(100003, '\0');
+  uint32_t x = 12345;
+  for (char& c : data) c = static_cast<char>((x = x * 1103515245 + 12345) >> 16);
+  for (size_t length : {size_t{0}, size_t{1}, size_t{15}, size_t{64}, size_t{4099}, data.size()}) {
+    const auto want = static_cast<uint32_t>(
+        ::crc32(0, reinterpret_cast<const Bytef*>(data.data()), static_cast<uInt>(length)));
+    EXPECT_EQ(Crc32(0, Bytes(data.substr(0, length))), want) << length;
+    for (size_t split : {size_t{0}, length / 3, length}) {
+      const uint32_t head = Crc32(0, Bytes(data.substr(0, split)));
+      EXPECT_EQ(Crc32(head, Bytes(data.substr(split, length - split))), want) << length;
+    }
+  }
 }
 
 TEST(Zip, WriterRoundTripWithPiecesOutOfOrder) {
