@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -57,6 +58,15 @@ std::string DescribeExit(int status) {
   return "exited with status " + std::to_string(WEXITSTATUS(status));
 }
 
+// A rank's exit status as the launcher's: its code, or 128 + the signal that killed it.
+int ExitCode(int status) {
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+using Clock = std::chrono::steady_clock;
+// How long the launcher waits, after a rank failed, for others that failed with it.
+constexpr auto kGrace = std::chrono::milliseconds(300);
+
 // Forks the local ranks, forwards SIGTERM/SIGINT to them, and stops the rest when one fails,
 // saying which rank failed and how. The ranks die with the launcher (a parent-death signal), and
 // the rendezvous folder goes once they have met (CreateProcessGroups) or when the launcher ends.
@@ -101,28 +111,51 @@ int LaunchLocalRanks(int nproc) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+  // Waits for any rank (without blocking: 0 when none has ended); marks it reaped.
+  std::vector<bool> reaped(g_children.size(), false);
+  auto reap = [&](int options, int* status) -> pid_t {
+    while (true) {
+      const pid_t pid = waitpid(-1, status, options);
+      if (pid < 0 && errno == EINTR) continue;
+      for (size_t r = 0; pid > 0 && r < g_children.size(); ++r)
+        if (g_children[r] == pid) reaped[r] = true;
+      return pid;
+    }
+  };
+  auto rank_of = [&](pid_t pid) {
+    int rank = 0;
+    while (rank < nproc && g_children[rank] != pid) ++rank;
+    return rank;
+  };
   int exit_code = 0;
-  size_t remaining = g_children.size();
-  while (remaining > 0) {
-    int status = 0;
-    const pid_t pid = waitpid(-1, &status, 0);
-    if (pid < 0) {
-      if (errno == EINTR) continue;
-      break;
+  int status = 0;
+  for (pid_t pid; (pid = reap(0, &status)) > 0;) {
+    if (ExitCode(status) == 0 || exit_code != 0) continue;
+    // The first failure reaped need not be the cause: a rank killed by a signal makes its peers
+    // fail with "another rank died" within milliseconds, and waitpid may return one of them
+    // first. Ranks that end within kGrace are reaped too, and one killed by a signal is named.
+    pid_t cause = pid;
+    int cause_status = status;
+    for (auto until = Clock::now() + kGrace; Clock::now() < until;) {
+      int other_status = 0;
+      const pid_t other = reap(WNOHANG, &other_status);
+      if (other < 0) break;  // none left
+      if (other == 0) {
+        usleep(5000);
+        continue;
+      }
+      if (WIFSIGNALED(other_status) && !WIFSIGNALED(cause_status)) {
+        cause = other;
+        cause_status = other_status;
+      }
     }
-    --remaining;
-    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    if (code != 0 && exit_code == 0) {
-      exit_code = code;
-      int rank = 0;
-      while (rank < nproc && g_children[rank] != pid) ++rank;
-      std::fprintf(stderr, "train: rank %d (pid %d) %s; stopping the other ranks\n", rank,
-                   static_cast<int>(pid), DescribeExit(status).c_str());
-      std::fflush(stderr);
-      // The others would wait in a collective until the timeout: stop them.
-      for (pid_t other : g_children)
-        if (other != pid) kill(other, SIGKILL);
-    }
+    exit_code = ExitCode(cause_status);
+    std::fprintf(stderr, "train: rank %d (pid %d) %s; stopping the other ranks\n", rank_of(cause),
+                 static_cast<int>(cause), DescribeExit(cause_status).c_str());
+    std::fflush(stderr);
+    // The others would wait in a collective until the timeout: stop them.
+    for (size_t r = 0; r < g_children.size(); ++r)
+      if (!reaped[r]) kill(g_children[r], SIGKILL);
   }
   std::filesystem::remove_all(dir, ec);
   return exit_code;
@@ -151,6 +184,9 @@ int main(int argc, char** argv) {
   }
   // SIGTERM/SIGINT stop a rank at once until the ranks have met, then save and stop
   // (EndRendezvousPhase, called when the process groups are connected).
+  // A peer rank that died must come back as the communicator's error (EPIPE on its socket), not
+  // end this rank with SIGPIPE before it can say which rank and what happened.
+  if (launch.world_size > 1) signal(SIGPIPE, SIG_IGN);
   leantron::trainer::BeginRendezvousPhase(launch.rank);
   absl::Status s = leantron::trainer::RunTraining(args, launch);
   if (!s.ok()) {
