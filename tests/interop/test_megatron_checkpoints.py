@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from ckpt_testlib import padded_vocab, run, tool, write_ours
+from failure_testlib import run_bin, small_disk, snapshot
 from megatron_testlib import (assert_same_state, local_name, megatron_order, read_hf_f32, read_ours_f32,
                               stage_names, write_megatron_dist, write_megatron_torch)
 from test_ckpt_reshard import GPT2_MODEL, LLAMA_MODEL, random_state
@@ -159,6 +160,31 @@ def test_torch_dist_import_streams_large_tensors(tmp_path, dist):
     err = reshard(src, tmp_path / "bad", 1, 1, ok=False).stderr
     assert "does not match its CRC-32" in err, err
     assert not (tmp_path / "bad").exists()
+
+
+# A disk that fills up in the middle of a streamed tensor (either format, 2 MB; the import writes
+# ~14 MB): one error naming the file it could not write, and no iteration or temporary left behind
+# in the destination, whose existing contents stay as they were.
+@pytest.mark.parametrize("fmt", ["torch", "torch_dist"])
+def test_a_full_disk_during_a_streamed_import_leaves_nothing(tmp_path, fmt):
+    model = dict(GPT2_MODEL, **BIG)
+    params, opt = state(model, 2, seed=23)
+    src = tmp_path / "megatron"
+    if fmt == "torch":
+        write_megatron_torch(src, model, 2, 1, 1, params, opt, iteration=20, step=20, dist_opt=False)
+    else:
+        write_megatron_dist(src, model, 2, 1, params, opt, iteration=20, step=20)
+    with small_disk(tmp_path) as (disk, preexec):
+        (disk / "keep.txt").write_text("a user's file\n")
+        before = snapshot(disk)
+        proc = run_bin("reshard_checkpoint", ["--load", src, "--save", disk / "ck", "--target-tp", 1,
+                                              "--target-pp", 1], preexec=preexec)
+        assert proc.returncode != 0
+        err = proc.stderr.strip()
+        assert err.startswith("reshard_checkpoint: cannot write ") and len(err.splitlines()) == 1, err
+        assert str(disk / "ck") in err, err
+        assert "No space left on device" in err or "File too large" in err, err
+        assert snapshot(disk) == before and sorted(p.name for p in disk.iterdir()) == ["keep.txt"]
 
 
 def expected_keys(model, tp, pp, vpp, p, v):
