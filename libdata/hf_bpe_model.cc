@@ -218,35 +218,11 @@ void HfBpeModel::InitialSymbols(const uint8_t* p, size_t n, std::vector<int32_t>
 }
 
 void HfBpeModel::MergeScan(std::vector<int32_t>* ids) const {
-  const size_t n = ids->size();
-  int32_t* id = ids->data();
   int32_t ranks[kHeapThreshold];
   int32_t merged[kHeapThreshold];
-  size_t count = n;
-  const auto pair = [&](size_t i) {
-    const PairTable::Merge m = merges_.Find(id[i], id[i + 1]);
-    ranks[i] = m.rank;
-    merged[i] = m.merged;
-  };
-  for (size_t i = 0; i + 1 < count; ++i) pair(i);
-  for (;;) {
-    int32_t best = kNone;
-    for (size_t i = 0; i + 1 < count; ++i) best = std::min(best, ranks[i]);
-    if (best == kNone) break;
-    size_t at = 0;
-    while (ranks[at] != best) ++at;
-    id[at] = merged[at];
-    const size_t tail = count - at - 2;
-    std::memmove(id + at + 1, id + at + 2, tail * sizeof(int32_t));
-    if (tail > 0) {
-      std::memmove(ranks + at + 1, ranks + at + 2, (tail - 1) * sizeof(int32_t));
-      std::memmove(merged + at + 1, merged + at + 2, (tail - 1) * sizeof(int32_t));
-    }
-    --count;
-    if (at + 1 < count) pair(at);
-    if (at > 0) pair(at - 1);
-  }
-  ids->resize(count);
+  ids->resize(ScanMerge(
+      merges_, [](const PairTable::Merge& m) { return m.rank; }, kNone, ids->data(), ids->size(),
+      ranks, merged));
 }
 
 void HfBpeModel::MergeHeap(std::vector<int32_t>* ids) const {

@@ -466,29 +466,13 @@ bool SpEncoder::MergeScan(std::string_view word, std::vector<int32_t>* ids) {
     id[count++] = s;
     pos += n;
   }
-  const auto pair = [&](size_t i) {
-    const PairTable::Merge m = t_.merges_.Find(id[i], id[i + 1]);
-    order[i] = m.merged >= 0 ? static_cast<uint32_t>(m.rank) : kNone;
-    merged[i] = m.merged;
-  };
-  for (size_t i = 0; i + 1 < count; ++i) pair(i);
-  for (;;) {  // the highest score, the leftmost on ties, as sentencepiece's agenda
-    uint32_t best = kNone;
-    for (size_t i = 0; i + 1 < count; ++i) best = std::min(best, order[i]);
-    if (best == kNone) break;
-    size_t at = 0;
-    while (order[at] != best) ++at;
-    id[at] = merged[at];
-    const size_t tail = count - at - 2;
-    std::memmove(id + at + 1, id + at + 2, tail * sizeof(int32_t));
-    if (tail > 0) {
-      std::memmove(order + at + 1, order + at + 2, (tail - 1) * sizeof(uint32_t));
-      std::memmove(merged + at + 1, merged + at + 2, (tail - 1) * sizeof(int32_t));
-    }
-    --count;
-    if (at + 1 < count) pair(at);
-    if (at > 0) pair(at - 1);
-  }
+  // the highest score, the leftmost on ties, as sentencepiece's agenda
+  count = ScanMerge(
+      t_.merges_,
+      [](const PairTable::Merge& m) {
+        return m.merged >= 0 ? static_cast<uint32_t>(m.rank) : kNone;
+      },
+      kNone, id, count, order, merged);
   for (size_t i = 0; i < count; ++i) {
     if (t_.emit_id_[id[i]] >= 0) {
       ids->push_back(t_.emit_id_[id[i]]);

@@ -104,4 +104,37 @@ class PairTable {
   size_t count_ = 0;
 };
 
+// Merges the pairs of symbols id[0, count) in the order of their merge's key (`key_of(Merge)`,
+// `none` for a pair that does not merge), lowest first and leftmost on ties, by scanning the keys
+// after every merge: for words short enough that a scan beats a heap. `key` and `merged` hold one
+// entry per pair (count - 1). Returns the number of symbols left in id.
+template <typename Key, typename KeyOf>
+size_t ScanMerge(const PairTable& merges, KeyOf key_of, Key none, int32_t* id, size_t count,
+                 Key* key, int32_t* merged) {
+  const auto pair = [&](size_t i) {
+    const PairTable::Merge m = merges.Find(id[i], id[i + 1]);
+    key[i] = key_of(m);
+    merged[i] = m.merged;
+  };
+  for (size_t i = 0; i + 1 < count; ++i) pair(i);
+  for (;;) {
+    Key best = none;
+    for (size_t i = 0; i + 1 < count; ++i) best = std::min(best, key[i]);
+    if (best == none) break;
+    size_t at = 0;
+    while (key[at] != best) ++at;
+    id[at] = merged[at];
+    const size_t tail = count - at - 2;
+    std::memmove(id + at + 1, id + at + 2, tail * sizeof(int32_t));
+    if (tail > 0) {
+      std::memmove(key + at + 1, key + at + 2, (tail - 1) * sizeof(Key));
+      std::memmove(merged + at + 1, merged + at + 2, (tail - 1) * sizeof(int32_t));
+    }
+    --count;
+    if (at + 1 < count) pair(at);
+    if (at > 0) pair(at - 1);
+  }
+  return count;
+}
+
 }  // namespace leantron::data
