@@ -111,7 +111,7 @@ int LaunchLocalRanks(int nproc) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
-  // Waits for any rank (without blocking: 0 when none has ended); marks it reaped.
+  // Waits for any rank (with WNOHANG: 0 when none has ended); marks the one it returns reaped.
   std::vector<bool> reaped(g_children.size(), false);
   auto reap = [&](int options, int* status) -> pid_t {
     while (true) {
