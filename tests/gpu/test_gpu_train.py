@@ -105,6 +105,17 @@ def activation_mb(stdout):
     return int(m[1])
 
 
+def activation_mb_recomputing(dataset, arch, modules):
+    """Activation MB of a wider model (hidden 512, 16 x 64 rows a step, so the buffers weigh) run
+    plainly and with `--recompute-modules` `modules`."""
+    wide = common(dataset, 2) + ["--bf16", "--hidden-size", "512", "--num-attention-heads", "8",
+                                 "--micro-batch-size", "16", "--global-batch-size", "16"] + arch
+    kept = activation_mb(run_train(wide).stdout)
+    redone = activation_mb(run_train(wide + ["--recompute-granularity", "selective",
+                                             "--recompute-modules", *modules]).stdout)
+    return kept, redone
+
+
 def test_recompute_gives_the_same_losses(dataset, tmp_path):
     plain = run_train(common(dataset, 5) + ["--bf16"])
     full = run_train(common(dataset, 5) + ["--bf16", "--recompute-granularity", "full",
@@ -142,11 +153,7 @@ def test_selective_norm_recompute_is_exact(dataset, arch):
     assert n_valid == p_valid
     # Wider and more rows, so the buffers weigh: 4 layers x 2 norm outputs of [16 x 64 rows, 512]
     # bf16 = 8 MiB, less the shared buffer (1 MiB).
-    wide = common(dataset, 2) + ["--bf16", "--hidden-size", "512", "--num-attention-heads", "8",
-                                 "--micro-batch-size", "16", "--global-batch-size", "16"] + arch
-    kept = activation_mb(run_train(wide).stdout)
-    redone = activation_mb(run_train(wide + ["--recompute-granularity", "selective",
-                                             "--recompute-modules", "layernorm"]).stdout)
+    kept, redone = activation_mb_recomputing(dataset, arch, ["layernorm"])
     print("activation MB: norms kept", kept, "recomputed", redone)
     assert 6 <= kept - redone <= 8
 
@@ -168,11 +175,7 @@ def test_selective_mlp_recompute_is_exact(dataset, arch):
     # 4 layers x (fc1 output + activation) of 16 x 64 rows, bf16, less the pair every layer
     # shares: GELU's ffn is 4h = 2048 (fc1 as wide), SwiGLU's Megatron's 2/3 of it rounded down
     # to 64, 1344 (fc1 twice as wide): 24 and 23.6 MiB.
-    wide = common(dataset, 2) + ["--bf16", "--hidden-size", "512", "--num-attention-heads", "8",
-                                 "--micro-batch-size", "16", "--global-batch-size", "16"] + arch
-    kept = activation_mb(run_train(wide).stdout)
-    redone = activation_mb(run_train(wide + ["--recompute-granularity", "selective",
-                                             "--recompute-modules", "mlp"]).stdout)
+    kept, redone = activation_mb_recomputing(dataset, arch, ["mlp"])
     print("activation MB: MLP outputs kept", kept, "recomputed", redone)
     ffn = 1344 if "--swiglu" in arch else 2048
     fc1 = 2 * ffn if "--swiglu" in arch else ffn
