@@ -101,13 +101,6 @@ uint16_t FloatToHalf(float f) {
 
 float BFloat16ToFloat(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
 
-uint16_t FloatToBFloat16(float f) {
-  uint32_t bits = std::bit_cast<uint32_t>(f);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
-  uint32_t rounding = 0x7fffu + ((bits >> 16) & 1);
-  return static_cast<uint16_t>((bits + rounding) >> 16);
-}
-
 std::optional<double> ElementAsDouble(DType dtype, const std::byte* data, size_t i) {
   switch (dtype) {
     case DType::kF16: {

@@ -1,6 +1,7 @@
 // Element types of safetensors files and the conversions the checkpoint tools need.
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -46,7 +47,12 @@ size_t DTypeSize(DType dtype);
 float HalfToFloat(uint16_t h);
 uint16_t FloatToHalf(float f);
 float BFloat16ToFloat(uint16_t b);
-uint16_t FloatToBFloat16(float f);
+inline uint16_t FloatToBFloat16(float f) {  // inline: hot loops (the offloaded optimizer)
+  const uint32_t bits = std::bit_cast<uint32_t>(f);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  const uint32_t rounding = 0x7fffu + ((bits >> 16) & 1);
+  return static_cast<uint16_t>((bits + rounding) >> 16);
+}
 
 // Reads element `i` of a float-typed buffer (F16, BF16, F32, F64) as double; used for norms.
 std::optional<double> ElementAsDouble(DType dtype, const std::byte* data, size_t i);

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs on the GPU (device) machine, from the repository root, in one call: unpacks the bundle that
 # scripts/device_bundle.sh made here (binaries + the libraries the device lacks), then
-#   tests: the GPU op tests (tests/gpu/*_test.cc binaries), tests/gpu/test_gpu_train.py and
-#          tests/gpu/test_gpu_llama.py (the Llama family against transformers)
+#   tests: the GPU op tests (tests/gpu/*_test.cc binaries), tests/gpu/test_gpu_train.py,
+#          tests/gpu/test_gpu_offload.py and tests/gpu/test_gpu_llama.py (the Llama family
+#          against transformers)
 #   bench: bench/gpu/bench_train.py, ours next to the PyTorch peer
 #   tutorial: bench/gpu/tutorial_tables.py, the Megatron tutorial's rows that fit the GPUs present
 #          beside Megatron's figures ($OUT/tutorial.md, each row's log in $OUT/tutorial_logs)
@@ -38,9 +39,9 @@ if [[ "$what" == tests || "$what" == all ]]; then
   done
 fi
 if [[ "$what" == tests || "$what" == all || "$what" == pytest ]]; then
-  echo "== tests/gpu/test_gpu_train.py tests/gpu/test_gpu_llama.py"
+  echo "== tests/gpu/test_gpu_train.py tests/gpu/test_gpu_offload.py tests/gpu/test_gpu_llama.py"
   python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_gpu_train.py \
-    tests/gpu/test_gpu_llama.py -s ${PYTEST_K:+-k "$PYTEST_K"} \
+    tests/gpu/test_gpu_offload.py tests/gpu/test_gpu_llama.py -s ${PYTEST_K:+-k "$PYTEST_K"} \
     >"$OUT/pytest_gpu.log" 2>&1 || status=1
   tail -n 40 "$OUT/pytest_gpu.log"
   skips "$OUT/pytest_gpu.log"

@@ -100,6 +100,7 @@ int LaunchLocalRanks(int nproc) {
       setenv("RANK", std::to_string(r).c_str(), 1);
       setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
       setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
+      setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
       setenv("MASTER_ADDR", "127.0.0.1", 1);
       setenv("LEANTRON_RENDEZVOUS_DIR", dir, 1);
       return -1;  // the caller continues as rank r

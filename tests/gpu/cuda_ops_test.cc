@@ -1,7 +1,10 @@
 // The cuda backend of Ops against the cpu reference: every method of CudaOps on fresh random
 // inputs of awkward sizes, GPU outputs poisoned with NaN first so a skipped element fails.
+#include "libckpt/layout.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "trainer/core/layer_spec.h"
+#include "trainer/core/optimizer.h"
+#include "trainer/core/params.h"
 #include "trainer/cuda/kernels/kernels.h"
 
 namespace leantron::trainer::cuda {
@@ -536,10 +539,64 @@ TEST_F(CudaOpsTest, AdamWStep) {
       cpu_->AdamWStep(p.data() + offset, g.data() + offset, m.data() + offset, v.data() + offset, n,
                       3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, scale, nullptr);
     }
-    EXPECT_TRUE(Close(Down(dp, n + 1), p, 1e-5)) << "param offset " << offset;
-    EXPECT_TRUE(Close(Down(dm, n + 1), m, 1e-5)) << "exp_avg offset " << offset;
-    EXPECT_TRUE(Close(Down(dv, n + 1), v, 1e-5)) << "exp_avg_sq offset " << offset;
+    // core/adamw.h: the same rounded operations on both sides, so the same bits.
+    EXPECT_EQ(Down(dp, n + 1), p) << "param offset " << offset;
+    EXPECT_EQ(Down(dm, n + 1), m) << "exp_avg offset " << offset;
+    EXPECT_EQ(Down(dv, n + 1), v) << "exp_avg_sq offset " << offset;
   }
+}
+
+// --optimizer-cpu-offload on the GPU backend: gradients down and bf16 weights and the norms' and
+// embeddings' fp32 copies up on the side streams, in pieces of 97 elements (cutting tensors and
+// decay groups; both slots in use) stepped by three host threads. Against the GPU's AdamW on the
+// same gradients: the same weights, bf16 copy and fp32 copies, bit for bit, after every step.
+TEST_F(CudaOpsTest, OffloadedOptimizerMatchesTheGpuOneBitForBit) {
+  ckpt::ModelConfig config = ckpt::Gpt2StyleConfig(2, 16, 2, 37, 8);
+  config.make_vocab_size_divisible_by = 8;
+  auto layout = ckpt::ModelLayout::Create(config, {1, 1, 1});
+  ASSERT_TRUE(layout.ok());
+  ProcessGroups groups = SingleProcessGroups();
+  ParamStore dev(gpu_.get(), *layout, 0, 0, false);
+  ParamStore host(gpu_.get(), *layout, 0, 0, false, /*host_master=*/true);
+  dev.Initialize(4, 0.02);
+  host.Initialize(4, 0.02);
+  const size_t n = dev.size();
+  auto* dev_low = static_cast<uint16_t*>(gpu_->AllocBytes(n * 2));
+  auto* host_low = static_cast<uint16_t*>(gpu_->AllocBytes(n * 2));
+  owned_.push_back(dev_low);
+  owned_.push_back(host_low);
+  dev.set_bf16_copy(dev_low);
+  host.set_bf16_copy(host_low);
+  OptimizerOptions oo;
+  oo.weight_decay = 0.1f;
+  oo.clip_grad = 0.5f;
+  Optimizer a(gpu_.get(), &dev, &groups, oo);
+  oo.cpu_offload = true;
+  oo.host_threads = 3;
+  oo.offload_piece = 97;
+  Optimizer b(gpu_.get(), &host, &groups, oo);
+  for (int step = 0; step < 3; ++step) {
+    const std::vector<float> g = Rand(n, 300 + step, 0.05f);
+    gpu_->CopyFromHost(dev.grad(), g.data(), n * sizeof(float));
+    gpu_->CopyFromHost(host.grad(), g.data(), n * sizeof(float));
+    const StepResult ra = a.Step(2e-3f), rb = b.Step(2e-3f);
+    EXPECT_EQ(ra.grad_norm, rb.grad_norm);
+    // Reads on the main stream see the uploads (ComputeAfterCopies).
+    EXPECT_EQ(host.HostData(), dev.HostData()) << "step " << step;
+    std::vector<uint16_t> la(n), lb(n);
+    gpu_->CopyToHost(la.data(), dev_low, n * 2);
+    gpu_->CopyToHost(lb.data(), host_low, n * 2);
+    EXPECT_EQ(la, lb) << "step " << step;
+    for (const ParamView& v : host.views()) {
+      if (v.mirror == ParamView::kNoMirror) continue;
+      EXPECT_EQ(Down(host.Param(v.name), v.numel), Down(dev.Param(v.name), v.numel)) << v.name;
+    }
+  }
+  std::vector<float> ma, va, mb, vb;
+  a.GatherState(&ma, &va);
+  b.GatherState(&mb, &vb);
+  EXPECT_EQ(ma, mb);
+  EXPECT_EQ(va, vb);
 }
 
 }  // namespace

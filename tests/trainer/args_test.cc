@@ -49,6 +49,17 @@ TEST(ArgsTest, InconsistentSettingsAreRefusedWithOneLine) {
             "--num-query-groups 2 is not divisible by TP 4");
   EXPECT_FALSE(Check({"--max-position-embeddings", "16"}, 1).ok());
   EXPECT_FALSE(Check({"--lr-decay-style", "WSD"}, 1).ok());
+  EXPECT_EQ(msg(Check({"--optimizer-cpu-offload"}, 1)),
+            "--optimizer-cpu-offload needs --bf16 (the float32 model computes with its fp32 "
+            "weights)");
+#ifdef LEANTRON_HAVE_CUDA
+  EXPECT_TRUE(Check({"--bf16", "--optimizer-cpu-offload"}, 2).ok());
+  EXPECT_TRUE(Check({"--bf16", "--optimizer-cpu-offload", "--use-distributed-optimizer"}, 1).ok());
+  EXPECT_EQ(msg(Check({"--bf16", "--optimizer-cpu-offload", "--use-distributed-optimizer"}, 2)),
+            "--optimizer-cpu-offload with --use-distributed-optimizer is implemented for one "
+            "data-parallel rank (DP x CP = 1), not 2: use plain data parallelism, where each rank "
+            "steps on its host");
+#endif
 }
 
 TEST(ArgsTest, ContextParallelAndTheLongContextCompanionsAreChecked) {

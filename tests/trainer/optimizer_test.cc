@@ -1,5 +1,6 @@
 // AdamW over the flat buffers: skipped steps on non-finite gradients, Megatron's norm and weight
-// decay, and the distributed optimizer's parts against one optimizer (two in-process Gloo ranks).
+// decay, the distributed optimizer's parts against one optimizer (two in-process Gloo ranks), and
+// the step offloaded to the host against the backend's.
 #include "trainer/core/optimizer.h"
 
 #include <unistd.h>
@@ -148,6 +149,106 @@ TEST(OptimizerTest, DistributedPartsMatchOneOptimizer) {
     EXPECT_EQ(again_m[rank], got_m[rank]);
     EXPECT_EQ(again_v[rank], got_v[rank]);
   }
+}
+
+// --optimizer-cpu-offload: the weights in (pinned) host memory, the moments and the step on the
+// host threads, gradients brought down in pieces that cut tensors and ranges in the middle. Against
+// the backend's optimizer on the same gradients: the same weights, bf16 copy and moments bit for
+// bit; the fp32 mirror the model reads holds exactly the norms and embeddings, equal to the
+// weights; the moments go out and back through GatherState / ScatterState.
+TEST(OptimizerTest, OffloadedStepMatchesTheBackendsBitForBit) {
+  const ckpt::ModelConfig config = TinyConfig(false);
+  auto layout = ckpt::ModelLayout::Create(config, {1, 1, 1});
+  ASSERT_TRUE(layout.ok());
+  auto ops = *CreateOps("cpu");
+  ProcessGroups groups = SingleProcessGroups();
+  ParamStore ref_params(ops.get(), *layout, 0, 0, false);
+  ParamStore host_params(ops.get(), *layout, 0, 0, false, /*host_master=*/true);
+  ASSERT_FALSE(ref_params.host_master());
+  ASSERT_TRUE(host_params.host_master());
+  ref_params.Initialize(9, 0.02);
+  host_params.Initialize(9, 0.02);
+  const size_t n = ref_params.size();
+  ASSERT_EQ(host_params.size(), n);
+  std::vector<uint16_t> ref_low(n), host_low(n);
+  ref_params.set_bf16_copy(ref_low.data());
+  host_params.set_bf16_copy(host_low.data());
+
+  OptimizerOptions oo;
+  oo.weight_decay = 0.1f;
+  oo.clip_grad = 0.5f;
+  oo.buckets = PlanDpBuckets(ref_params, 0, config.num_layers, true, true, 1000);
+  Optimizer ref(ops.get(), &ref_params, &groups, oo);
+  OptimizerOptions off = oo;
+  off.cpu_offload = true;
+  off.host_threads = 3;
+  off.offload_piece = 97;
+  Optimizer host(ops.get(), &host_params, &groups, off);
+  EXPECT_FALSE(ref.state_on_host());
+  EXPECT_TRUE(host.state_on_host());
+  EXPECT_EQ(host.host_threads(), 3);
+  for (int step = 0; step < 4; ++step) {
+    ref.ZeroGrad();
+    host.ZeroGrad();
+    for (size_t i = 0; i < n; ++i) {
+      const float g = static_cast<float>(std::sin(0.91 * static_cast<double>(i) + step)) * 0.03f;
+      ref_params.grad()[i] = g;
+      host_params.grad()[i] = g;
+    }
+    ref.FinalizeGrads();
+    host.FinalizeGrads();
+    const StepResult a = ref.Step(3e-3f), b = host.Step(3e-3f);
+    ASSERT_FALSE(b.skipped);
+    EXPECT_EQ(a.grad_norm, b.grad_norm);
+  }
+  EXPECT_EQ(host.step(), 4);
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(host_params.data()[i], ref_params.data()[i]) << "weight " << i;
+    ASSERT_EQ(host_low[i], ref_low[i]) << "bf16 weight " << i;
+  }
+  size_t mirrored = 0;
+  for (const ParamView& v : host_params.views()) {
+    const bool fp32 = Bf16ModelReadsFp32(v.name);
+    EXPECT_EQ(v.mirror != ParamView::kNoMirror, fp32) << v.name;
+    if (!fp32) continue;
+    mirrored += v.numel;
+    const float* mirror = host_params.Param(v.name);
+    ASSERT_NE(mirror, host_params.data() + v.offset) << v.name;  // a copy, not the weights
+    for (size_t j = 0; j < v.numel; ++j)
+      ASSERT_EQ(mirror[j], ref_params.data()[v.offset + j]) << v.name << " " << j;
+  }
+  EXPECT_EQ(host_params.backend_elements(), mirrored);
+  EXPECT_GT(mirrored, 0u);
+  EXPECT_LT(mirrored, n);
+
+  std::vector<float> ref_m, ref_v, got_m, got_v, again_m, again_v;
+  ref.GatherState(&ref_m, &ref_v);
+  host.GatherState(&got_m, &got_v);
+  EXPECT_EQ(got_m, ref_m);
+  EXPECT_EQ(got_v, ref_v);
+  Optimizer fresh(ops.get(), &host_params, &groups, off);
+  fresh.ScatterState(got_m, got_v);
+  fresh.GatherState(&again_m, &again_v);
+  EXPECT_EQ(again_m, ref_m);
+  EXPECT_EQ(again_v, ref_v);
+  // Loading rewrites the host weights and the mirror.
+  const ParamView* ln = host_params.Find("decoder.final_layernorm.weight");
+  std::vector<float> ones(ln->numel, 1.5f);
+  host_params.SetFromHost(*ln, ones.data());
+  EXPECT_EQ(host_params.data()[ln->offset], 1.5f);
+  EXPECT_EQ(host_params.Param(ln->name)[ln->numel - 1], 1.5f);
+  EXPECT_EQ(host_params.HostData()[ln->offset], 1.5f);
+}
+
+// With the weights on the host the backend has fp32 copies of the norms and embeddings only:
+// asking for another tensor's is a programming error, stopped at once.
+TEST(OptimizerTest, HostMasterHasNoBackendCopyOfLinearWeights) {
+  auto layout = ckpt::ModelLayout::Create(TinyConfig(false), {1, 1, 1});
+  ASSERT_TRUE(layout.ok());
+  auto ops = *CreateOps("cpu");
+  ParamStore params(ops.get(), *layout, 0, 0, false, /*host_master=*/true);
+  EXPECT_NE(params.Param("decoder.layers.0.input_layernorm.weight"), nullptr);
+  EXPECT_DEATH(params.Param("decoder.layers.0.mlp.linear_fc1.weight"), "no fp32 copy");
 }
 
 }  // namespace

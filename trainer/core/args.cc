@@ -72,6 +72,9 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
                  "all_gather or a2a (heads split over CP)");
   app.add_flag("--use-distributed-optimizer", a->use_distributed_optimizer,
                "Shard optimizer state over data-parallel ranks (ZeRO-1)");
+  app.add_flag("--optimizer-cpu-offload", a->optimizer_cpu_offload,
+               "bf16 model: keep the fp32 weights and Adam moments in host memory and step them "
+               "there (the GPU holds the bf16 weights and the gradients)");
   app.add_option("--nproc-per-node", a->nproc_per_node,
                  "Start this many local ranks (one process each) and wait for them");
   app.add_option("--distributed-timeout-minutes", a->distributed_timeout_minutes,
@@ -439,6 +442,17 @@ absl::Status ValidateTrainArgs(TrainArgs* a) {
   if (a->bf16 && a->backend != "cuda") return bad("--bf16 needs --ops-backend cuda");
 
   if (a->grad_reduce_in_bf16 && !a->bf16) return bad("--grad-reduce-in-bf16 needs --bf16");
+  if (a->optimizer_cpu_offload) {
+    if (!a->bf16)
+      return bad(
+          "--optimizer-cpu-offload needs --bf16 (the float32 model computes with its "
+          "fp32 weights)");
+    if (a->use_distributed_optimizer && dp * cp > 1)
+      return bad(
+          "--optimizer-cpu-offload with --use-distributed-optimizer is implemented for "
+          "one data-parallel rank (DP x CP = 1), not ",
+          dp * cp, ": use plain data parallelism, where each rank steps on its host");
+  }
   return absl::OkStatus();
 }
 

@@ -116,8 +116,15 @@ absl::Status SaveTrainingCheckpoint(const TrainArgs& args, const ckpt::ModelLayo
                                     const TrainPosition& position) {
   Communicator& world = *groups.world;
   std::vector<float> exp_avg, exp_avg_sq;
-  optimizer.GatherParams();                      // collective over DP × CP
-  optimizer.GatherState(&exp_avg, &exp_avg_sq);  // collective over DP × CP
+  optimizer.GatherParams();  // collective over DP × CP
+  // Moments and weights already whole in host memory (--optimizer-cpu-offload) are written from
+  // where they are, not copied (they may fill most of the host).
+  float *m = nullptr, *v = nullptr;
+  if (!optimizer.HostState(&m, &v)) {
+    optimizer.GatherState(&exp_avg, &exp_avg_sq);  // collective over DP × CP
+    m = exp_avg.data();
+    v = exp_avg_sq.data();
+  }
 
   absl::Status st;
   std::string temp_dir;
@@ -131,16 +138,20 @@ absl::Status SaveTrainingCheckpoint(const TrainArgs& args, const ckpt::ModelLayo
   st = absl::OkStatus();
   // The model is replicated over DP and CP: the (tp, pp) ranks of one replica write.
   if (groups.coords.dp == 0 && groups.coords.cp == 0) {
-    const std::vector<float> host = params.HostData();
-    const std::vector<ckpt::RankTensor> p = Tensors(params, host.data());
-    std::vector<ckpt::RankTensor> m, v;
-    for (const ParamView& view : params.views()) {
-      m.push_back({view.name, std::as_bytes(std::span<const float>(exp_avg.data() + view.offset,
-                                                                   view.numel))});
-      v.push_back({view.name, std::as_bytes(std::span<const float>(exp_avg_sq.data() + view.offset,
-                                                                   view.numel))});
+    std::vector<float> host;
+    const float* weights = params.data();
+    if (!params.host_master()) {
+      host = params.HostData();
+      weights = host.data();
     }
-    st = ckpt::WriteRankShard(temp_dir, layout, groups.coords.tp, groups.coords.pp, p, &p, &m, &v);
+    const std::vector<ckpt::RankTensor> p = Tensors(params, weights);
+    std::vector<ckpt::RankTensor> ms, vs;
+    for (const ParamView& view : params.views()) {
+      ms.push_back({view.name, std::as_bytes(std::span<const float>(m + view.offset, view.numel))});
+      vs.push_back({view.name, std::as_bytes(std::span<const float>(v + view.offset, view.numel))});
+    }
+    st =
+        ckpt::WriteRankShard(temp_dir, layout, groups.coords.tp, groups.coords.pp, p, &p, &ms, &vs);
   }
   if (absl::Status s = AgreeOnFailure(world, st, "shard write"); !s.ok()) return s;
 
@@ -186,7 +197,22 @@ absl::Status LoadTrainingCheckpoint(const TrainArgs& args, const ckpt::ModelLayo
   if (absl::Status s = AgreeOnFailure(*groups.world, st, "load"); !s.ok()) return s;
 
   const int tp_rank = groups.coords.tp;
-  std::vector<float> exp_avg(params.size()), exp_avg_sq(params.size()), param(params.size());
+  // Read in place where the weights and moments are whole in host memory (offloaded), else
+  // through host copies.
+  std::vector<float> exp_avg, exp_avg_sq, param;
+  float *m = nullptr, *v_state = nullptr;
+  const bool host_state = optimizer.HostState(&m, &v_state);
+  if (!host_state) {
+    exp_avg.resize(params.size());
+    exp_avg_sq.resize(params.size());
+    m = exp_avg.data();
+    v_state = exp_avg_sq.data();
+  }
+  float* weights = params.data();
+  if (!params.host_master()) {
+    param.resize(params.size());
+    weights = param.data();
+  }
   ckpt::Tensor full;
   auto read_into = [&](const ParamView& v, ckpt::TensorKind kind, float* dst) -> absl::Status {
     if (absl::Status s = reader->ReadFull(*v.spec, kind, &full); !s.ok()) return s;
@@ -213,17 +239,15 @@ absl::Status LoadTrainingCheckpoint(const TrainArgs& args, const ckpt::ModelLayo
     // The fp32 main weights are the truth when present; the model copy equals them in fp32 runs.
     const ckpt::TensorKind kind =
         load_optim ? ckpt::TensorKind::kMainParam : ckpt::TensorKind::kParam;
-    st = read_into(v, kind, param.data() + v.offset);
-    if (st.ok()) params.SetFromHost(v, param.data() + v.offset);
-    if (st.ok() && load_optim)
-      st = read_into(v, ckpt::TensorKind::kExpAvg, exp_avg.data() + v.offset);
-    if (st.ok() && load_optim)
-      st = read_into(v, ckpt::TensorKind::kExpAvgSq, exp_avg_sq.data() + v.offset);
+    st = read_into(v, kind, weights + v.offset);
+    if (st.ok()) params.SetFromHost(v, weights + v.offset);
+    if (st.ok() && load_optim) st = read_into(v, ckpt::TensorKind::kExpAvg, m + v.offset);
+    if (st.ok() && load_optim) st = read_into(v, ckpt::TensorKind::kExpAvgSq, v_state + v.offset);
     if (!st.ok()) break;
   }
   if (absl::Status s = AgreeOnFailure(*groups.world, st, "tensor read"); !s.ok()) return s;
   if (load_optim) {
-    optimizer.ScatterState(exp_avg, exp_avg_sq);
+    if (!host_state) optimizer.ScatterState(exp_avg, exp_avg_sq);
     optimizer.set_step(reader->metadata().optimizer_step);
   }
   position->hf_architecture = reader->metadata().config.hf_architecture;

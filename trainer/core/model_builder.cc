@@ -1,5 +1,10 @@
 #include "trainer/core/model_builder.h"
 
+#include <sched.h>
+
+#include <algorithm>
+#include <thread>
+
 #include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "trainer/reference/model.h"
@@ -11,6 +16,14 @@
 
 namespace leantron::trainer {
 namespace {
+
+// The cores this process may run on (its affinity mask: a container's or a launcher's limit).
+int UsableCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
 
 ModelOptions ModelOptionsFromArgs(const TrainArgs& args) {
   ModelOptions mo;
@@ -72,8 +85,11 @@ absl::Status BuildBf16Chunks(const TrainArgs& args, ProcessGroups& g,
   ParamStore& p = *m->params;
   for (int v = 0; v < args.virtual_pipeline_size(); ++v) {
     ro.first_layer = m->models[v]->first_layer();
+    // The weights it gathers (distributed optimizer) are backend memory; on the host
+    // (--optimizer-cpu-offload, one owner of every part) there is nothing to gather.
     auto reducer = std::make_unique<cuda::GradReducer>(
-        dp, p.grad(), p.data(), reinterpret_cast<cuda::bf16*>(p.bf16_copy()), chunk_buckets[v], ro);
+        dp, p.grad(), p.host_master() ? nullptr : p.data(),
+        reinterpret_cast<cuda::bf16*>(p.bf16_copy()), chunk_buckets[v], ro);
     reducer->Follow(&p);
     m->models[v]->AddListener(reducer.get());
     m->listeners.push_back(std::move(reducer));
@@ -84,7 +100,8 @@ absl::Status BuildBf16Chunks(const TrainArgs& args, ProcessGroups& g,
 
 }  // namespace
 
-absl::StatusOr<TrainingModel> BuildTrainingModel(const TrainArgs& args, ProcessGroups& g) {
+absl::StatusOr<TrainingModel> BuildTrainingModel(const TrainArgs& args, ProcessGroups& g,
+                                                 int local_ranks) {
   TrainingModel m;
   absl::StatusOr<std::unique_ptr<Ops>> ops = CreateOps(args.backend);
   if (!ops.ok()) return ops.status();
@@ -94,7 +111,7 @@ absl::StatusOr<TrainingModel> BuildTrainingModel(const TrainArgs& args, ProcessG
   if (!layout.ok()) return layout.status();
   m.layout = std::make_unique<ckpt::ModelLayout>(std::move(*layout));
   m.params = std::make_unique<ParamStore>(m.ops.get(), *m.layout, g.coords.tp, g.coords.pp,
-                                          args.sequence_parallel);
+                                          args.sequence_parallel, args.optimizer_cpu_offload);
   m.params->Initialize(args.seed, args.init_method_std);
   // Data-parallel buckets, per model chunk: the reducer reduces (and gathers) its chunk's, the
   // optimizer owns a part of each of them with the distributed optimizer.
@@ -136,6 +153,8 @@ absl::StatusOr<TrainingModel> BuildTrainingModel(const TrainArgs& args, ProcessG
   for (const std::vector<DpBucket>& b : chunk_buckets)
     oo.buckets.insert(oo.buckets.end(), b.begin(), b.end());
   oo.dp_by_reducer = !m.listeners.empty();
+  oo.cpu_offload = args.optimizer_cpu_offload;
+  oo.host_threads = std::max(1, UsableCores() / std::max(1, local_ranks));
   m.optimizer = std::make_unique<Optimizer>(m.ops.get(), m.params.get(), &g, oo);
   return m;
 }

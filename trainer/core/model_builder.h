@@ -29,6 +29,9 @@ struct TrainingModel {
   std::unique_ptr<Optimizer> optimizer;
 };
 
-absl::StatusOr<TrainingModel> BuildTrainingModel(const TrainArgs& args, ProcessGroups& groups);
+// `local_ranks`: the job's ranks on this node, which share its cores (the offloaded optimizer's
+// host threads).
+absl::StatusOr<TrainingModel> BuildTrainingModel(const TrainArgs& args, ProcessGroups& groups,
+                                                 int local_ranks = 1);
 
 }  // namespace leantron::trainer

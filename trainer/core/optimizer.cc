@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "trainer/core/adamw.h"
+
 namespace leantron::trainer {
 
 Optimizer::Optimizer(Ops* ops, ParamStore* params, ProcessGroups* groups,
@@ -43,8 +45,22 @@ Optimizer::Optimizer(Ops* ops, ParamStore* params, ProcessGroups* groups,
     o.state = state_elements_;
     state_elements_ += o.end - o.begin;
   }
-  exp_avg_ = ops_->Alloc(state_elements_);
-  exp_avg_sq_ = ops_->Alloc(state_elements_);
+  if (opt_.cpu_offload) {
+    if (sharded() || !params_->host_master()) {
+      std::fprintf(stderr,
+                   "Optimizer: the offloaded step needs the weights on the host and one owner\n");
+      std::abort();
+    }
+    // One owner of everything: the moments are in the flat order (HostState relies on it).
+    if (state_elements_ != n) std::abort();
+    host_ = std::make_unique<HostAdamW>(params_, state_elements_, opt_.host_threads,
+                                        opt_.offload_piece);
+    exp_avg_ = host_->exp_avg();
+    exp_avg_sq_ = host_->exp_avg_sq();
+  } else {
+    exp_avg_ = ops_->Alloc(state_elements_);
+    exp_avg_sq_ = ops_->Alloc(state_elements_);
+  }
   // Adjacent pieces with the same treatment merge into one range: a few long kernels (and, for
   // the norm, a few device-to-host reads) per step instead of one per tensor.
   for (const Owned& o : owned_) {
@@ -59,7 +75,7 @@ Optimizer::Optimizer(Ops* ops, ParamStore* params, ProcessGroups* groups,
         }
       }
       const size_t state = o.state + (b - o.begin);
-      Range* last = adam_ranges_.empty() ? nullptr : &adam_ranges_.back();
+      AdamRange* last = adam_ranges_.empty() ? nullptr : &adam_ranges_.back();
       if (last != nullptr && last->end == b && last->decay == v.decay &&
           last->state + (last->end - last->begin) == state) {
         last->end = e;
@@ -71,6 +87,7 @@ Optimizer::Optimizer(Ops* ops, ParamStore* params, ProcessGroups* groups,
 }
 
 Optimizer::~Optimizer() {
+  if (host_ != nullptr) return;
   ops_->Free(exp_avg_);
   ops_->Free(exp_avg_sq_);
 }
@@ -127,8 +144,16 @@ StepResult Optimizer::Step(float lr) {
     if (coeff < 1.0) grad_scale *= static_cast<float>(coeff);
   }
   ++step_;
+  if (host_ != nullptr) {
+    host_->Step(adam_ranges_,
+                MakeAdamWConstants(lr, opt_.beta1, opt_.beta2, opt_.eps, opt_.weight_decay, step_,
+                                   grad_scale),
+                MakeAdamWConstants(lr, opt_.beta1, opt_.beta2, opt_.eps, 0.0f, step_, grad_scale));
+    params_->WeightsStepped();
+    return result;
+  }
   uint16_t* low = params_->bf16_copy();
-  for (const Range& r : adam_ranges_) {
+  for (const AdamRange& r : adam_ranges_) {
     ops_->AdamWStep(data + r.begin, grad + r.begin, exp_avg_ + r.state, exp_avg_sq_ + r.state,
                     r.end - r.begin, lr, opt_.beta1, opt_.beta2, opt_.eps,
                     r.decay ? opt_.weight_decay : 0.0f, step_, grad_scale,
@@ -166,6 +191,11 @@ void Optimizer::GatherState(std::vector<float>* exp_avg, std::vector<float>* exp
   const size_t n = params_->size();
   exp_avg->assign(n, 0.0f);
   exp_avg_sq->assign(n, 0.0f);
+  if (host_ != nullptr) {
+    std::memcpy(exp_avg->data(), exp_avg_, n * sizeof(float));
+    std::memcpy(exp_avg_sq->data(), exp_avg_sq_, n * sizeof(float));
+    return;
+  }
   if (!sharded()) {
     ops_->CopyToHost(exp_avg->data(), exp_avg_, n * sizeof(float));
     ops_->CopyToHost(exp_avg_sq->data(), exp_avg_sq_, n * sizeof(float));
@@ -191,10 +221,22 @@ void Optimizer::GatherState(std::vector<float>* exp_avg, std::vector<float>* exp
   ops_->Free(buffer);
 }
 
+bool Optimizer::HostState(float** exp_avg, float** exp_avg_sq) {
+  if (host_ == nullptr) return false;
+  *exp_avg = exp_avg_;
+  *exp_avg_sq = exp_avg_sq_;
+  return true;
+}
+
 void Optimizer::ScatterState(const std::vector<float>& exp_avg,
                              const std::vector<float>& exp_avg_sq) {
   for (const Owned& o : owned_) {
     const size_t bytes = (o.end - o.begin) * sizeof(float);
+    if (host_ != nullptr) {
+      std::memcpy(exp_avg_ + o.state, exp_avg.data() + o.begin, bytes);
+      std::memcpy(exp_avg_sq_ + o.state, exp_avg_sq.data() + o.begin, bytes);
+      continue;
+    }
     ops_->CopyFromHost(exp_avg_ + o.state, exp_avg.data() + o.begin, bytes);
     ops_->CopyFromHost(exp_avg_sq_ + o.state, exp_avg_sq.data() + o.begin, bytes);
   }

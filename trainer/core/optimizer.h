@@ -12,9 +12,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
+#include "trainer/core/host_adamw.h"
 #include "trainer/core/params.h"
 #include "trainer/dist/process_groups.h"
 #include "trainer/reference/ops.h"
@@ -35,6 +37,12 @@ struct OptimizerOptions {
   bool dp_by_reducer = false;
   // Elements of the flat order GatherState assembles at a time (64 MiB of floats).
   size_t gather_window = size_t{16} << 20;
+  // --optimizer-cpu-offload: the moments and the step on the host (HostAdamW), over a ParamStore
+  // with its master weights on the host, with `host_threads` threads. Not with the distributed
+  // optimizer's parts (DP × CP > 1).
+  bool cpu_offload = false;
+  int host_threads = 1;
+  size_t offload_piece = HostAdamW::kPiece;  // gradient elements moved down at a time
 };
 
 struct StepResult {
@@ -55,6 +63,11 @@ class Optimizer {
 
   int64_t step() const { return step_; }
   size_t state_elements() const { return state_elements_; }  // per Adam moment, on this rank
+  bool state_on_host() const { return host_ != nullptr; }
+  int host_threads() const { return host_ ? host_->threads() : 0; }
+  // Mean milliseconds per offloaded step: the whole of it, and the host threads' stepping.
+  double host_step_ms() const { return host_ ? host_->step_ms() : 0.0; }
+  double host_compute_ms() const { return host_ ? host_->compute_ms() : 0.0; }
   void set_step(int64_t s) { step_ = s; }
   // Makes every DP rank's fp32 weights whole again where the model gathers only before its next
   // forward (collective over DP × CP; nothing to do otherwise). Before reading them, as a save
@@ -65,6 +78,9 @@ class Optimizer {
   void GatherState(std::vector<float>* exp_avg, std::vector<float>* exp_avg_sq);
   // Sets the moments from whole-shard arrays (each DP rank keeps its slice).
   void ScatterState(const std::vector<float>& exp_avg, const std::vector<float>& exp_avg_sq);
+  // Where the moments are whole in host memory in the flat order (the offloaded step): true with
+  // pointers to them, to read or write in place; false otherwise (use GatherState/ScatterState).
+  bool HostState(float** exp_avg, float** exp_avg_sq);
 
  private:
   Communicator& dp_cp() const { return groups_->data_parallel_with_cp(); }
@@ -83,14 +99,11 @@ class Optimizer {
   };
   std::vector<Owned> owned_;
   size_t state_elements_ = 0;
-  float* exp_avg_ = nullptr;
+  float* exp_avg_ = nullptr;  // backend memory, or HostAdamW's with cpu_offload
   float* exp_avg_sq_ = nullptr;
-  struct Range {
-    size_t begin, end, state;
-    bool decay;
-  };
+  std::unique_ptr<HostAdamW> host_;
   std::vector<std::pair<size_t, size_t>> norm_ranges_;  // counted in the gradient norm
-  std::vector<Range> adam_ranges_;                      // the owned ranges, by weight decay
+  std::vector<AdamRange> adam_ranges_;                  // the owned ranges, by weight decay
   bool params_partial_ = false;  // only the owned parts are current (the model gathers)
   int64_t step_ = 0;
 };

@@ -49,9 +49,13 @@ void FillNormal(uint64_t seed, const std::string& name, double std, std::vector<
   for (std::thread& th : pool) th.join();
 }
 
+bool Bf16ModelReadsFp32(const std::string& name) {
+  return absl::StartsWith(name, "embedding.") || absl::StrContains(name, "layernorm.");
+}
+
 ParamStore::ParamStore(Ops* ops, const ckpt::ModelLayout& layout, int tp_rank, int pp_rank,
-                       bool sequence_parallel)
-    : ops_(ops), layout_(layout), tp_rank_(tp_rank) {
+                       bool sequence_parallel, bool host_master)
+    : ops_(ops), layout_(layout), tp_rank_(tp_rank), host_master_(host_master) {
   for (const ckpt::ParamSpec* spec : layout.StageParams(pp_rank)) {
     ParamView v;
     v.name = spec->name;
@@ -64,14 +68,28 @@ ParamStore::ParamStore(Ops* ops, const ckpt::ModelLayout& layout, int tp_rank, i
     v.count_in_norm = spec->tied_to.empty() && (!replicated || tp_rank == 0);
     v.tp_partial_grad = sequence_parallel && replicated && layout.parallel().tp > 1;
     size_ += v.numel;
+    if (host_master_ && Bf16ModelReadsFp32(v.name)) {
+      v.mirror = mirror_size_;
+      mirror_size_ += v.numel;
+    }
     views_.push_back(std::move(v));
   }
-  data_ = ops_->Alloc(size_);
+  if (host_master_) {
+    master_ = static_cast<float*>(ops_->AllocPinned(size_ * sizeof(float)));
+    mirror_ = ops_->Alloc(mirror_size_);
+  } else {
+    master_ = ops_->Alloc(size_);
+  }
   grad_ = ops_->Alloc(size_);
 }
 
 ParamStore::~ParamStore() {
-  ops_->Free(data_);
+  if (host_master_) {
+    ops_->FreePinned(master_);
+    ops_->Free(mirror_);
+  } else {
+    ops_->Free(master_);
+  }
   ops_->Free(grad_);
 }
 
@@ -83,17 +101,49 @@ const ParamView* ParamStore::Find(const std::string& name) const {
 
 float* ParamStore::Param(const std::string& name) {
   const ParamView* v = Find(name);
-  return v ? data_ + v->offset : nullptr;
+  if (v == nullptr) return nullptr;
+  if (!host_master_) return master_ + v->offset;
+  if (v->mirror == ParamView::kNoMirror) {
+    std::fprintf(stderr,
+                 "ParamStore: %s has no fp32 copy on the backend with the weights on the host\n",
+                 name.c_str());
+    std::abort();
+  }
+  return mirror_ + v->mirror;
+}
+
+uint64_t ParamStore::RefreshMirror(size_t begin, size_t end) {
+  uint64_t ticket = 0;
+  if (!host_master_) return ticket;
+  for (const ParamView& v : views_) {
+    if (v.mirror == ParamView::kNoMirror) continue;
+    const size_t b = std::max(begin, v.offset), e = std::min(end, v.offset + v.numel);
+    if (b < e)
+      ticket = ops_->CopyFromHostAsync(mirror_ + v.mirror + (b - v.offset), master_ + b,
+                                       (e - b) * sizeof(float));
+  }
+  return ticket;
 }
 
 std::vector<float> ParamStore::HostData() const {
   std::vector<float> host(size_);
-  ops_->CopyToHost(host.data(), data_, size_ * sizeof(float));
+  if (host_master_) {
+    std::memcpy(host.data(), master_, size_ * sizeof(float));
+  } else {
+    ops_->CopyToHost(host.data(), master_, size_ * sizeof(float));
+  }
   return host;
 }
 
+void ParamStore::Write(const ParamView& view, const float* host) {
+  const size_t bytes = view.numel * sizeof(float);
+  if (!host_master_) return ops_->CopyFromHost(master_ + view.offset, host, bytes);
+  if (host != master_ + view.offset) std::memcpy(master_ + view.offset, host, bytes);
+  if (view.mirror != ParamView::kNoMirror) ops_->CopyFromHost(mirror_ + view.mirror, host, bytes);
+}
+
 void ParamStore::SetFromHost(const ParamView& view, const float* host) {
-  ops_->CopyFromHost(data_ + view.offset, host, view.numel * sizeof(float));
+  Write(view, host);
   WeightsRewritten();
 }
 
@@ -124,7 +174,7 @@ void ParamStore::Initialize(uint64_t seed, double init_std) {
     shard.assign(v.numel, 0.0f);
     layout_.ExtractShard(spec, tp_rank_, sizeof(float), std::as_bytes(std::span<const float>(full)),
                          std::as_writable_bytes(std::span<float>(shard)));
-    ops_->CopyFromHost(data_ + v.offset, shard.data(), v.numel * sizeof(float));
+    Write(v, shard.data());
   }
 }
 

@@ -28,12 +28,23 @@ struct ParamView {
   // Replicated across TP ranks but computed from this rank's sequence shard (sequence
   // parallelism): its gradient is all-reduced over TP.
   bool tp_partial_grad = false;
+  // With the master weights on the host: where its backend fp32 copy starts in the mirror, or
+  // kNoMirror (the model computes with its bf16 copy only).
+  static constexpr size_t kNoMirror = ~size_t{0};
+  size_t mirror = kNoMirror;
 };
+
+// The tensors the bf16 model computes with in fp32 (the norms and the embeddings; every other
+// tensor it reads from its bf16 copy).
+bool Bf16ModelReadsFp32(const std::string& name);
 
 class ParamStore {
  public:
+  // `host_master` (--optimizer-cpu-offload): the fp32 weights live in pinned host memory, where
+  // the optimizer steps them; the backend keeps an fp32 mirror of only the tensors the bf16 model
+  // reads in fp32 (Bf16ModelReadsFp32), besides the bf16 copy and the fp32 gradients.
   ParamStore(Ops* ops, const ckpt::ModelLayout& layout, int tp_rank, int pp_rank,
-             bool sequence_parallel);
+             bool sequence_parallel, bool host_master = false);
   ~ParamStore();
   ParamStore(const ParamStore&) = delete;
   ParamStore& operator=(const ParamStore&) = delete;
@@ -43,14 +54,24 @@ class ParamStore {
   // output-side linears, ones/zeros for norms, zeros for biases.
   void Initialize(uint64_t seed, double init_std);
 
-  float* data() { return data_; }
+  // The fp32 weights in the flat order: backend memory, or pinned host memory with host_master.
+  float* data() { return master_; }
   float* grad() { return grad_; }
   size_t size() const { return size_; }
+  bool host_master() const { return host_master_; }
+  // fp32 elements the backend holds for the weights (all of them, or the mirror).
+  size_t backend_elements() const { return host_master_ ? mirror_size_ : size_; }
   const std::vector<ParamView>& views() const { return views_; }
   const ParamView* Find(const std::string& name) const;
-  float* Param(const std::string& name);  // nullptr when this rank does not hold it
+  // The fp32 weights the model computes with (backend memory); nullptr when this rank does not
+  // hold the tensor. With host_master only mirrored tensors have them (asking for another aborts).
+  float* Param(const std::string& name);
+  // With host_master: copies [begin, end) of the host weights to the mirror where it overlaps
+  // mirrored tensors (Ops::CopyFromHostAsync); returns the last copy's ticket, 0 when none.
+  uint64_t RefreshMirror(size_t begin, size_t end);
   // Host copies for checkpoints.
   std::vector<float> HostData() const;
+  // `host` may be the view's own place in data() when that is host memory (read in place).
   void SetFromHost(const ParamView& view, const float* host);
   Ops* ops() const { return ops_; }
   const ckpt::ModelLayout& layout() const { return layout_; }
@@ -69,13 +90,16 @@ class ParamStore {
 
  private:
   void WeightsRewritten() { weights_rewritten_ = ++weights_version_; }
+  void Write(const ParamView& view, const float* host);
   Ops* ops_;
   const ckpt::ModelLayout& layout_;
   int tp_rank_;
+  bool host_master_;
   std::vector<ParamView> views_;
-  float* data_ = nullptr;
+  float* master_ = nullptr;  // the fp32 weights (backend memory, or pinned host memory)
+  float* mirror_ = nullptr;  // host_master: the mirrored tensors' fp32 copies, backend memory
   float* grad_ = nullptr;
-  size_t size_ = 0;
+  size_t size_ = 0, mirror_size_ = 0;
   uint16_t* bf16_copy_ = nullptr;
   uint64_t weights_version_ = 0, weights_rewritten_ = 0;
 };

@@ -52,12 +52,20 @@ std::string MemoryLine(const TrainArgs& args, const TrainingModel& m, const Proc
   if (args.backend == "cuda") {
     int64_t acts = 0;
     for (const StageModel* c : m.chunks) acts += c->activation_bytes();
-    const int64_t params = static_cast<int64_t>(m.params->size()) * 4;
+    const int64_t params = static_cast<int64_t>(m.params->backend_elements()) * 4;
+    const int64_t grads = static_cast<int64_t>(m.params->size()) * 4;
+    const int64_t adam = static_cast<int64_t>(m.optimizer->state_elements()) * 8;
+    const bool host = m.optimizer->state_on_host();
     gpu = absl::StrFormat(
-        " GPU in use: %d | of which parameters %d, gradients %d, Adam state %d, bf16 "
+        " GPU in use: %d | of which %s %d, gradients %d, Adam state %d, bf16 "
         "weights, activations and workspaces %d |",
-        cuda::DeviceMemoryInUse() >> 20, params >> 20, params >> 20,
-        m.optimizer->state_elements() * 8 >> 20, acts >> 20);
+        cuda::DeviceMemoryInUse() >> 20, host ? "fp32 norms and embeddings" : "parameters",
+        params >> 20, grads >> 20, host ? 0 : adam >> 20, acts >> 20);
+    if (host) {
+      absl::StrAppendFormat(&gpu,
+                            " host (--optimizer-cpu-offload): fp32 weights %d, Adam state %d |",
+                            grads >> 20, adam >> 20);
+    }
   }
 #endif
   return absl::StrFormat("[Rank %d] (after %d iterations) memory (MB) | max resident: %d |%s\n",
@@ -91,6 +99,15 @@ std::string RankReport(const TrainArgs& args, const TrainingModel& m, const Proc
       g.world_rank, g.coords.tp, g.coords.pp, g.coords.dp,
       g.sizes.cp > 1 ? absl::StrFormat(" cp %d", g.coords.cp) : "", layers, m.params->size(),
       param_mb, param_mb, adam_mb, PeakResidentMiB(), comm);
+  if (m.optimizer->state_on_host()) {
+    absl::StrAppendFormat(
+        &out,
+        "[Rank %d] optimizer on the host (%d threads): fp32 weights and Adam state there, %.1f "
+        "ms per step from the first gradient piece down to the last weights queued up, %.1f ms "
+        "of it stepping\n",
+        g.world_rank, m.optimizer->host_threads(), m.optimizer->host_step_ms(),
+        m.optimizer->host_compute_ms());
+  }
   // Context parallelism's share: the host sees the time inside the cp group's Gloo calls (the
   // waits for blocks that had not arrived), not transfers that ran while a block computed.
   if (g.sizes.cp > 1 && args.backend != "cuda") {

@@ -48,7 +48,8 @@ absl::Status Agree(Communicator& world, const absl::Status& local) {
 
 class Trainer {
  public:
-  Trainer(const TrainArgs& args, ProcessGroups& groups) : args_(args), g_(groups) {}
+  Trainer(const TrainArgs& args, ProcessGroups& groups, int local_ranks)
+      : args_(args), g_(groups), local_ranks_(local_ranks) {}
 
   absl::Status Run();
 
@@ -71,6 +72,7 @@ class Trainer {
 
   const TrainArgs& args_;
   ProcessGroups& g_;
+  int local_ranks_;  // the job's ranks on this node
   TrainingModel m_;
   std::unique_ptr<BatchSource> data_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;  // logging rank only
@@ -149,7 +151,7 @@ absl::Status Trainer::Setup(TrainPosition* pos) {
       *c = MakeTimedCommunicator(std::move(*c), &times_.comm_seconds);
     }
   }
-  absl::StatusOr<TrainingModel> m = BuildTrainingModel(args_, g_);
+  absl::StatusOr<TrainingModel> m = BuildTrainingModel(args_, g_, local_ranks_);
   if (!m.ok()) return m.status();
   m_ = std::move(*m);
 
@@ -382,7 +384,7 @@ absl::Status RunTraining(const TrainArgs& args, const LaunchInfo& launch) {
   absl::StatusOr<ProcessGroups> groups = CreateProcessGroups(launch, sizes, dist);
 #endif
   if (!groups.ok()) return groups.status();
-  Trainer trainer(args, *groups);
+  Trainer trainer(args, *groups, launch.local_world_size);
   return trainer.Run();
 }
 

@@ -3,6 +3,8 @@
 // cuBLAS in plain fp32 (no TF32). Only the transfers synchronise (and the reduce hooks of the
 // cross-entropy, which may read the device buffers they are handed from the host).
 #include <algorithm>
+#include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -43,6 +45,66 @@ class GrowBuffer {
   size_t bytes_ = 0;
 };
 
+// Two copy streams (to and from the host, so both directions of the bus run at once) beside the
+// main stream, and a completion event per copy, handed out as increasing tickets.
+struct SideCopies {
+  struct Direction {
+    cudaStream_t stream = nullptr;
+    uint64_t last = 0;  // ticket of its latest copy
+  };
+  Direction down, up;
+  cudaEvent_t issued = nullptr;             // the main stream's work so far
+  std::map<uint64_t, cudaEvent_t> pending;  // copies not known to have finished
+  uint64_t next = 0;
+
+  ~SideCopies() {
+    for (auto& [t, e] : pending) cudaEventDestroy(e);
+    for (Direction* d : {&down, &up})
+      if (d->stream != nullptr) cudaStreamDestroy(d->stream);
+    if (issued != nullptr) cudaEventDestroy(issued);
+  }
+  uint64_t Copy(Direction* d, void* dst, const void* src, size_t bytes) {
+    if (d->stream == nullptr) {
+      LT_CUDA_CHECK(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));
+      if (issued == nullptr)
+        LT_CUDA_CHECK(cudaEventCreateWithFlags(&issued, cudaEventDisableTiming));
+    }
+    LT_CUDA_CHECK(cudaEventRecord(issued, MainStream()));
+    LT_CUDA_CHECK(cudaStreamWaitEvent(d->stream, issued, 0));
+    if (bytes > 0) LT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, d->stream));
+    // Copies done already need no event (a ticket not pending is a finished copy).
+    for (auto it = pending.begin(); it != pending.end();) {
+      const cudaError_t q = cudaEventQuery(it->second);
+      if (q == cudaErrorNotReady) {
+        ++it;
+        continue;
+      }
+      LT_CUDA_CHECK(q);
+      LT_CUDA_CHECK(cudaEventDestroy(it->second));
+      it = pending.erase(it);
+    }
+    cudaEvent_t done = nullptr;
+    LT_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    LT_CUDA_CHECK(cudaEventRecord(done, d->stream));
+    d->last = ++next;
+    pending[d->last] = done;
+    return d->last;
+  }
+  void Wait(uint64_t ticket) {
+    auto it = pending.find(ticket);
+    if (it == pending.end()) return;  // waited for already
+    LT_CUDA_CHECK(cudaEventSynchronize(it->second));
+    LT_CUDA_CHECK(cudaEventDestroy(it->second));
+    pending.erase(it);
+  }
+  void ComputeWaits(cudaStream_t compute) {
+    for (Direction* d : {&down, &up}) {
+      auto it = pending.find(d->last);
+      if (it != pending.end()) LT_CUDA_CHECK(cudaStreamWaitEvent(compute, it->second, 0));
+    }
+  }
+};
+
 class CudaOps final : public Ops {
  public:
   CudaOps() {
@@ -81,6 +143,26 @@ class CudaOps final : public Ops {
     LT_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDefault, stream()));
     LT_CUDA_CHECK(cudaStreamSynchronize(stream()));
   }
+  void* AllocPinned(size_t bytes) override {
+    const size_t size = std::max<size_t>(bytes, 1);
+    void* p = nullptr;
+    LT_CUDA_CHECK(cudaHostAlloc(&p, size, cudaHostAllocDefault));
+    std::memset(p, 0, size);
+    return p;
+  }
+  void FreePinned(void* p) override {
+    if (p == nullptr) return;
+    cudaDeviceSynchronize();  // copies in flight may read it (destructor path: not checked)
+    cudaFreeHost(p);
+  }
+  uint64_t CopyToHostAsync(void* host_dst, const void* src, size_t bytes) override {
+    return copies_.Copy(&copies_.down, host_dst, src, bytes);
+  }
+  uint64_t CopyFromHostAsync(void* dst, const void* host_src, size_t bytes) override {
+    return copies_.Copy(&copies_.up, dst, host_src, bytes);
+  }
+  void WaitCopy(uint64_t ticket) override { copies_.Wait(ticket); }
+  void ComputeAfterCopies() override { copies_.ComputeWaits(stream()); }
   void Zero(float* p, size_t n) override {
     if (n > 0) LT_CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), stream()));
   }
@@ -286,6 +368,7 @@ class CudaOps final : public Ops {
  private:
   static cudaStream_t stream() { return MainStream(); }
   Scratch scratch(size_t bytes) { return {scratch_.Get(bytes), bytes}; }
+  SideCopies copies_;
 
   // Column-major C[m, n] = alpha·op(A)·op(B) + beta·C, fp32 throughout.
   void Gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,

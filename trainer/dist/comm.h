@@ -65,6 +65,7 @@ struct LaunchInfo {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
+  int local_world_size = 1;  // ranks of the job on this node (they share its cores)
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   std::string rendezvous_dir;  // shared directory for Gloo's file store
@@ -77,8 +78,9 @@ struct LaunchInfo {
   // MASTER_ADDR is local, else the host name.
   std::string gloo_hostname;
 };
-// RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT, else SLURM_PROCID/SLURM_NTASKS/
-// SLURM_LOCALID, else OMPI_COMM_WORLD_RANK/_SIZE/_LOCAL_RANK; a single process otherwise.
+// RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE/MASTER_ADDR/MASTER_PORT, else SLURM_PROCID/
+// SLURM_NTASKS/SLURM_LOCALID/SLURM_NTASKS_PER_NODE, else OMPI_COMM_WORLD_RANK/_SIZE/_LOCAL_RANK/
+// _LOCAL_SIZE; a single process otherwise.
 LaunchInfo LaunchInfoFromEnvironment();
 
 }  // namespace leantron::trainer

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -248,15 +249,20 @@ LaunchInfo LaunchInfoFromEnvironment() {
     info.rank = EnvInt("RANK", 0);
     info.world_size = EnvInt("WORLD_SIZE", 1);
     info.local_rank = EnvInt("LOCAL_RANK", info.rank);
+    info.local_world_size = EnvInt("LOCAL_WORLD_SIZE", info.world_size);
   } else if (std::getenv("SLURM_PROCID") != nullptr) {
     info.rank = EnvInt("SLURM_PROCID", 0);
     info.world_size = EnvInt("SLURM_NTASKS", 1);
     info.local_rank = EnvInt("SLURM_LOCALID", 0);
+    // "4" or "4(x2)": the leading count.
+    info.local_world_size = EnvInt("SLURM_NTASKS_PER_NODE", info.world_size);
   } else if (std::getenv("OMPI_COMM_WORLD_RANK") != nullptr) {
     info.rank = EnvInt("OMPI_COMM_WORLD_RANK", 0);
     info.world_size = EnvInt("OMPI_COMM_WORLD_SIZE", 1);
     info.local_rank = EnvInt("OMPI_COMM_WORLD_LOCAL_RANK", 0);
+    info.local_world_size = EnvInt("OMPI_COMM_WORLD_LOCAL_SIZE", info.world_size);
   }
+  info.local_world_size = std::max(1, info.local_world_size);
   if (const char* a = std::getenv("MASTER_ADDR")) info.master_addr = a;
   info.master_port = EnvInt("MASTER_PORT", 29500);
   if (const char* d = std::getenv("LEANTRON_RENDEZVOUS_DIR")) info.rendezvous_dir = d;

@@ -80,6 +80,18 @@ class Ops {
   virtual void FreeBytes(void* p) = 0;
   virtual void CopyFromHost(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void CopyToHost(void* host_dst, const void* src, size_t bytes) = 0;
+  // Host memory the backend copies to and from at full speed (page-locked on a GPU; readable by
+  // its kernels), zero-filled.
+  virtual void* AllocPinned(size_t bytes) = 0;
+  virtual void FreePinned(void* p) = 0;
+  // Copies between backend and pinned host memory beside the computation: each starts after the
+  // backend work issued before it, runs in issue order with the others of its direction, and
+  // returns a ticket the host waits on with WaitCopy. ComputeAfterCopies makes backend work
+  // issued later wait for every copy issued so far. The cpu backend copies at once.
+  virtual uint64_t CopyToHostAsync(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual uint64_t CopyFromHostAsync(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void WaitCopy(uint64_t ticket) = 0;
+  virtual void ComputeAfterCopies() = 0;
   virtual void Zero(float* p, size_t n) = 0;
   virtual void Copy(float* dst, const float* src, size_t n) = 0;
   virtual void AddInPlace(float* a, const float* b, size_t n) = 0;  // a += b

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "libckpt/dtype.h"
+#include "trainer/core/adamw.h"
 #include "trainer/core/layer_spec.h"
 #include "trainer/reference/block_attention_cpu.h"
 #include "trainer/reference/cpu_math.h"
@@ -41,6 +42,18 @@ class CpuOps final : public Ops {
   void CopyToHost(void* host_dst, const void* src, size_t bytes) override {
     std::memcpy(host_dst, src, bytes);
   }
+  void* AllocPinned(size_t bytes) override { return AllocBytes(bytes); }
+  void FreePinned(void* p) override { FreeBytes(p); }
+  uint64_t CopyToHostAsync(void* host_dst, const void* src, size_t bytes) override {
+    CopyToHost(host_dst, src, bytes);
+    return 0;
+  }
+  uint64_t CopyFromHostAsync(void* dst, const void* host_src, size_t bytes) override {
+    CopyFromHost(dst, host_src, bytes);
+    return 0;
+  }
+  void WaitCopy(uint64_t) override {}
+  void ComputeAfterCopies() override {}
   void Zero(float* p, size_t n) override { std::memset(p, 0, n * sizeof(float)); }
   void Copy(float* dst, const float* src, size_t n) override {
     std::memcpy(dst, src, n * sizeof(float));
@@ -463,17 +476,10 @@ class CpuOps final : public Ops {
   void AdamWStep(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n,
                  float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step,
                  float grad_scale, uint16_t* bf16_out) override {
-    const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step));
-    const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step));
-    const float step_size = static_cast<float>(lr / bc1);
-    const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-    const float decay = 1.0f - lr * weight_decay;
+    const AdamWConstants c =
+        MakeAdamWConstants(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
     for (size_t i = 0; i < n; ++i) {
-      const float g = grad[i] * grad_scale;
-      exp_avg[i] = beta1 * exp_avg[i] + (1.0f - beta1) * g;
-      exp_avg_sq[i] = beta2 * exp_avg_sq[i] + (1.0f - beta2) * g * g;
-      const float denom = std::sqrt(exp_avg_sq[i]) / bc2_sqrt + eps;
-      param[i] = param[i] * decay - step_size * exp_avg[i] / denom;
+      AdamWElement(c, grad[i], &param[i], &exp_avg[i], &exp_avg_sq[i]);
       if (bf16_out != nullptr) bf16_out[i] = ckpt::FloatToBFloat16(param[i]);
     }
   }

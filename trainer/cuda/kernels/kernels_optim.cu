@@ -1,8 +1,10 @@
-// The optimizer's kernels: AdamW (float4-vectorised, torch.optim.AdamW's formula as in
-// CpuOps::AdamWStep) and the float64 sum of squares behind the global gradient norm (CUB's
-// TransformReduce: a fixed grid and no atomics, so run-to-run deterministic on a device).
+// The optimizer's kernels: AdamW (float4-vectorised, core/adamw.h's element update, bit for bit
+// the cpu backend's and the offloaded host step's) and the float64 sum of squares behind the global
+// gradient norm (CUB's TransformReduce: a fixed grid and no atomics, so run-to-run deterministic on
+// a device).
 #include <cub/device/device_reduce.cuh>
 
+#include "trainer/core/adamw.h"
 #include "trainer/cuda/kernels/kernels.h"
 #include "trainer/cuda/kernels/kernels_common.cuh"
 
@@ -17,7 +19,7 @@ struct AdamWOp {
   float* exp_avg;
   float* exp_avg_sq;
   bf16* bf16_out;
-  float beta1, beta2, eps, step_size, bc2_sqrt, decay, grad_scale;
+  AdamWConstants c;
   template <int W>
   __device__ void Apply(size_t i) const {
     float p[W], g[W], m[W], v[W];
@@ -26,13 +28,7 @@ struct AdamWOp {
     Load<W>(m, exp_avg + i);
     Load<W>(v, exp_avg_sq + i);
 #pragma unroll
-    for (int j = 0; j < W; ++j) {
-      g[j] *= grad_scale;
-      m[j] = beta1 * m[j] + (1.0f - beta1) * g[j];
-      v[j] = beta2 * v[j] + (1.0f - beta2) * g[j] * g[j];
-      const float denom = sqrtf(v[j]) / bc2_sqrt + eps;
-      p[j] = p[j] * decay - step_size * m[j] / denom;
-    }
+    for (int j = 0; j < W; ++j) AdamWElement(c, g[j], &p[j], &m[j], &v[j]);
     Store<W>(param + i, p);
     Store<W>(exp_avg + i, m);
     Store<W>(exp_avg_sq + i, v);
@@ -62,22 +58,14 @@ size_t ReduceTempBytes(size_t n) {
 void AdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n, float lr,
            float beta1, float beta2, float eps, float weight_decay, int64_t step, float grad_scale,
            bf16* bf16_out, cudaStream_t s) {
-  // The step constants exactly as CpuOps::AdamWStep computes them.
-  const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step));
-  const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step));
-  const float step_size = static_cast<float>(lr / bc1);
-  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  const float decay = 1.0f - lr * weight_decay;
+  const AdamWConstants c =
+      MakeAdamWConstants(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
   const bool vec =
       Aligned16(param) && Aligned16(grad) && Aligned16(exp_avg) && Aligned16(exp_avg_sq);
   if (bf16_out != nullptr) {
-    LaunchMap<4>(AdamWOp<true>{param, grad, exp_avg, exp_avg_sq, bf16_out, beta1, beta2, eps,
-                               step_size, bc2_sqrt, decay, grad_scale},
-                 n, vec, s);
+    LaunchMap<4>(AdamWOp<true>{param, grad, exp_avg, exp_avg_sq, bf16_out, c}, n, vec, s);
   } else {
-    LaunchMap<4>(AdamWOp<false>{param, grad, exp_avg, exp_avg_sq, nullptr, beta1, beta2, eps,
-                                step_size, bc2_sqrt, decay, grad_scale},
-                 n, vec, s);
+    LaunchMap<4>(AdamWOp<false>{param, grad, exp_avg, exp_avg_sq, nullptr, c}, n, vec, s);
   }
 }
 

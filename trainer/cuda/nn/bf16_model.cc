@@ -146,8 +146,8 @@ Bf16Model::Bf16Model(const ckpt::ModelLayout& layout, ParamStore* params,
     w16_ = reinterpret_cast<bf16*>(params_->bf16_copy());
   }
   auto w16 = [&](const std::string& name) -> const bf16* {
-    const float* q = params_->Param(name);
-    return q ? w16_ + (q - params_->data()) : nullptr;
+    const ParamView* v = params_->Find(name);
+    return v ? w16_ + v->offset : nullptr;
   };
   auto f32 = [&](const std::string& name) -> const float* { return params_->Param(name); };
   auto grad = [&](const std::string& name) { return params_->Grad(name); };
@@ -317,7 +317,8 @@ void Bf16Model::BeginStep() {
   // optimizer step, starts gathering the other ranks' parts of the weights (and of this copy).
   Notify([](ModelEvents& e) { e.StepBegins(); });
   // After a rewrite of the fp32 weights (initialisation, loading) the copy is converted anew (the
-  // first chunk does it for all); after optimizer steps AdamW has written it.
+  // first chunk does it for all; weights on the host are pinned memory, which the kernel reads
+  // across the bus); after optimizer steps AdamW has written it.
   if (params_->weights_version() != w16_version_) {
     if (owns_w16_ && params_->weights_rewritten() > w16_version_)
       ConvertFromFloat<bf16>(w16_, params_->data(), params_->size(), MainStream());
