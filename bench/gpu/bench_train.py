@@ -81,8 +81,13 @@ def run_ours(bin_dir, name, mb, iters, extra, nproc=1):
     ms = [float(x) for x in re.findall(r"elapsed time per iteration \(ms\): ([\d.]+)", proc.stdout)]
     steady = ms[1:] if len(ms) > 1 else ms  # the first interval holds the warm-up
     ms_step = sum(steady) / len(steady)
-    mem = re.search(r"GPU in use: (\d+) \| of which parameters (\d+), gradients (\d+), Adam state "
-                    r"(\d+), bf16 weights, activations and workspaces (\d+)", proc.stdout)
+    mem = re.search(r"GPU in use: (\d+) \| of which (?:parameters|fp32 norms and embeddings) "
+                    r"(\d+), gradients (\d+), Adam state (\d+), bf16 weights, activations and "
+                    r"workspaces (\d+)", proc.stdout)
+    host = re.search(r"host \(--optimizer-cpu-offload\): fp32 weights (\d+), Adam state (\d+)",
+                     proc.stdout)
+    step = re.search(r"optimizer on the host \((\d+) threads\): .*?, ([\d.]+) ms per step .*?, "
+                     r"([\d.]+) ms of it stepping", proc.stdout)
     alloc_mib = sum(int(mem.group(i)) for i in range(2, 6)) if mem else -1
     tokens = mb * seq / nproc
     tflops = per_token * tokens / ms_step / 1e9
@@ -94,6 +99,12 @@ def run_ours(bin_dir, name, mb, iters, extra, nproc=1):
            "mfu": round(tflops / 989 * 100, 1), "peak_gib": round(alloc_mib / 1024, 1),
            "in_use_gib": round(int(mem.group(1)) / 1024, 1) if mem else -1,
            "loss": float(loss[-1]) if loss else None}
+    if host:  # --optimizer-cpu-offload: what the host holds, and its step
+        out["host_gib"] = round((int(host.group(1)) + int(host.group(2))) / 1024, 1)
+    if step:
+        out["host_step_ms"] = float(step.group(2))
+        out["host_compute_ms"] = float(step.group(3))
+        out["host_threads"] = int(step.group(1))
     if "--timing-log-level" in extra:  # the per-op GPU time table
         out["profile"] = proc.stderr[-3000:]
     return out
