@@ -53,18 +53,18 @@ std::string MemoryLine(const TrainArgs& args, const TrainingModel& m, const Proc
     int64_t acts = 0;
     for (const StageModel* c : m.chunks) acts += c->activation_bytes();
     const int64_t params = static_cast<int64_t>(m.params->backend_elements()) * 4;
-    const int64_t grads = static_cast<int64_t>(m.params->size()) * 4;
+    const int64_t whole = static_cast<int64_t>(m.params->size()) * 4;  // every parameter in fp32
     const int64_t adam = static_cast<int64_t>(m.optimizer->state_elements()) * 8;
     const bool host = m.optimizer->state_on_host();
     gpu = absl::StrFormat(
         " GPU in use: %d | of which %s %d, gradients %d, Adam state %d, bf16 "
         "weights, activations and workspaces %d |",
         cuda::DeviceMemoryInUse() >> 20, host ? "fp32 norms and embeddings" : "parameters",
-        params >> 20, grads >> 20, host ? 0 : adam >> 20, acts >> 20);
+        params >> 20, whole >> 20, host ? 0 : adam >> 20, acts >> 20);
     if (host) {
       absl::StrAppendFormat(&gpu,
                             " host (--optimizer-cpu-offload): fp32 weights %d, Adam state %d |",
-                            grads >> 20, adam >> 20);
+                            whole >> 20, adam >> 20);
     }
   }
 #endif
