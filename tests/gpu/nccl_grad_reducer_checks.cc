@@ -50,7 +50,9 @@ void CheckGradReducer(const std::string& name, Communicator* comm, Checker& c) {
                    what + ": reduced by " + r.transport());
           for (int step = 0; step < (held_back ? 1 : 2); ++step) {
             grad.Upload(mine);
-            // One micro-batch: its backward's layers, then the embeddings' bucket at its end.
+            // One micro-batch: its backward's layers, then the embeddings' bucket at its end. The
+            // model announces each step first (that resets the count of its backwards).
+            r.StepBegins();
             r.BackwardBegins();
             r.LayerBackwardDone(1);
             r.LayerBackwardDone(0);
