@@ -64,14 +64,26 @@ def shape(name):
     return flags, GPT_SEQ, flops_per_token(layers, h, GPT_SEQ, GPT_VOCAB, 4 * h, heads)
 
 
+def data_parallel(nproc, extra):
+    """The data-parallel size of `nproc` ranks under the model-parallel flags in `extra`."""
+    model = 1
+    for flag in ("--tensor-model-parallel-size", "--pipeline-model-parallel-size",
+                 "--context-parallel-size"):
+        if flag in extra:
+            model *= int(extra[extra.index(flag) + 1])
+    return max(1, nproc // model)
+
+
 def run_ours(bin_dir, name, mb, iters, extra, nproc=1):
-    """One run of train; with nproc > 1 (model-parallel flags in `extra`, data-parallel size 1)
-    tokens/s, TFLOP/s and MFU are per GPU, memory the last rank's."""
+    """One run of train; with nproc > 1 (model-parallel flags in `extra`, the rest data parallel:
+    the global batch is one micro-batch per data-parallel rank) tokens/s, TFLOP/s and MFU are per
+    GPU, memory the logging rank's."""
     flags, seq, per_token = shape(name)
     launch = ["--nproc-per-node", str(nproc)] if nproc > 1 else []
+    gbs = mb * data_parallel(nproc, extra)
     cmd = [str(Path(bin_dir) / "train"), "--bf16"] + launch + [
            "--mock-data", "--tokenizer-type", "NullTokenizer"] + flags + [
-           "--micro-batch-size", str(mb), "--global-batch-size", str(mb), "--train-iters",
+           "--micro-batch-size", str(mb), "--global-batch-size", str(gbs), "--train-iters",
            str(iters), "--log-interval", "5", "--log-throughput", "--lr", "1e-4", "--min-lr",
            "1e-5", "--lr-decay-style", "cosine", "--hidden-dropout", "0", "--attention-dropout",
            "0", "--eval-iters", "0"] + extra
@@ -81,7 +93,8 @@ def run_ours(bin_dir, name, mb, iters, extra, nproc=1):
     ms = [float(x) for x in re.findall(r"elapsed time per iteration \(ms\): ([\d.]+)", proc.stdout)]
     steady = ms[1:] if len(ms) > 1 else ms  # the first interval holds the warm-up
     ms_step = sum(steady) / len(steady)
-    mem = re.search(r"GPU in use: (\d+) \| of which (?:parameters|fp32 norms and embeddings) "
+    mem = re.search(r"GPU in use: (\d+) \| of which (?:parameters|fp32 norms and embeddings|fp32 "
+                    r"weights \(this rank's part, norms and embeddings whole\)) "
                     r"(\d+), gradients (\d+), Adam state (\d+), bf16 weights, activations and "
                     r"workspaces (\d+)", proc.stdout)
     host = re.search(r"host \(--optimizer-cpu-offload\): fp32 weights (\d+), Adam state (\d+)",
@@ -89,7 +102,7 @@ def run_ours(bin_dir, name, mb, iters, extra, nproc=1):
     step = re.search(r"optimizer on the host \((\d+) threads\): .*?, ([\d.]+) ms per step .*?, "
                      r"([\d.]+) ms of it stepping", proc.stdout)
     alloc_mib = sum(int(mem.group(i)) for i in range(2, 6)) if mem else -1
-    tokens = mb * seq / nproc
+    tokens = gbs * seq / nproc
     tflops = per_token * tokens / ms_step / 1e9
     loss = re.findall(r"lm loss: ([\d.E+-]+)", proc.stdout)
     out = {"peer": "leantron train --bf16" + (f" ({nproc} GPUs)" if nproc > 1 else "") +

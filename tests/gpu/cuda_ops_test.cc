@@ -557,7 +557,7 @@ TEST_F(CudaOpsTest, OffloadedOptimizerMatchesTheGpuOneBitForBit) {
   ASSERT_TRUE(layout.ok());
   ProcessGroups groups = SingleProcessGroups();
   ParamStore dev(gpu_.get(), *layout, 0, 0, false);
-  ParamStore host(gpu_.get(), *layout, 0, 0, false, /*host_master=*/true);
+  ParamStore host(gpu_.get(), *layout, 0, 0, false, MasterWeights::kHost);
   dev.Initialize(4, 0.02);
   host.Initialize(4, 0.02);
   const size_t n = dev.size();

@@ -115,8 +115,16 @@ absl::Status SaveTrainingCheckpoint(const TrainArgs& args, const ckpt::ModelLayo
                                     ProcessGroups& groups, ParamStore& params, Optimizer& optimizer,
                                     const TrainPosition& position) {
   Communicator& world = *groups.world;
-  std::vector<float> exp_avg, exp_avg_sq;
-  optimizer.GatherParams();  // collective over DP × CP
+  std::vector<float> exp_avg, exp_avg_sq, host;
+  // The model is replicated over DP and CP: the (tp, pp) ranks of one replica write.
+  const bool writer = groups.coords.dp == 0 && groups.coords.cp == 0;
+  // The fp32 weights whole: in host memory already (--optimizer-cpu-offload), written from where
+  // they are; otherwise made whole (collective over DP × CP) and copied to the host.
+  const float* weights = params.data();
+  if (!params.host_master()) {
+    optimizer.GatherMaster(writer ? &host : nullptr);
+    weights = host.data();
+  }
   // Moments and weights already whole in host memory (--optimizer-cpu-offload) are written from
   // where they are, not copied (they may fill most of the host).
   float *m = nullptr, *v = nullptr;
@@ -136,14 +144,7 @@ absl::Status SaveTrainingCheckpoint(const TrainArgs& args, const ckpt::ModelLayo
   temp_dir = absl::StrCat(args.save, "/", ckpt::IterationDirName(position.iteration), ".tmp");
 
   st = absl::OkStatus();
-  // The model is replicated over DP and CP: the (tp, pp) ranks of one replica write.
-  if (groups.coords.dp == 0 && groups.coords.cp == 0) {
-    std::vector<float> host;
-    const float* weights = params.data();
-    if (!params.host_master()) {
-      host = params.HostData();
-      weights = host.data();
-    }
+  if (writer) {
     const std::vector<ckpt::RankTensor> p = Tensors(params, weights);
     std::vector<ckpt::RankTensor> ms, vs;
     for (const ParamView& view : params.views()) {

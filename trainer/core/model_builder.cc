@@ -85,11 +85,11 @@ absl::Status BuildBf16Chunks(const TrainArgs& args, ProcessGroups& g,
   ParamStore& p = *m->params;
   for (int v = 0; v < args.virtual_pipeline_size(); ++v) {
     ro.first_layer = m->models[v]->first_layer();
-    // The weights it gathers (distributed optimizer) are backend memory; on the host
+    // The weights it gathers (distributed optimizer): the fp32 ones and the bf16 copy, or with
+    // the fp32 ones sharded the bf16 copy and the mirror (no data()); on the host
     // (--optimizer-cpu-offload, one owner of every part) there is nothing to gather.
     auto reducer = std::make_unique<cuda::GradReducer>(
-        dp, p.grad(), p.host_master() ? nullptr : p.data(),
-        reinterpret_cast<cuda::bf16*>(p.bf16_copy()), chunk_buckets[v], ro);
+        dp, p.grad(), p.data(), reinterpret_cast<cuda::bf16*>(p.bf16_copy()), chunk_buckets[v], ro);
     reducer->Follow(&p);
     m->models[v]->AddListener(reducer.get());
     m->listeners.push_back(std::move(reducer));
@@ -110,19 +110,31 @@ absl::StatusOr<TrainingModel> BuildTrainingModel(const TrainArgs& args, ProcessG
       ckpt::ModelLayout::Create(ModelConfigFromArgs(args), ParallelConfigFromArgs(args));
   if (!layout.ok()) return layout.status();
   m.layout = std::make_unique<ckpt::ModelLayout>(std::move(*layout));
+  // The fp32 weights: on the host with --optimizer-cpu-offload; with the distributed optimizer
+  // of the bf16 model over DP × CP > 1 only this rank's parts (the model computes with its bf16
+  // copy, and with an fp32 mirror of the norms and embeddings); otherwise all of them.
+  Communicator& dp_cp = g.data_parallel_with_cp();
+  const MasterWeights master = args.optimizer_cpu_offload ? MasterWeights::kHost
+                               : args.bf16 && args.use_distributed_optimizer && dp_cp.size() > 1
+                                   ? MasterWeights::kSharded
+                                   : MasterWeights::kWhole;
   m.params = std::make_unique<ParamStore>(m.ops.get(), *m.layout, g.coords.tp, g.coords.pp,
-                                          args.sequence_parallel, args.optimizer_cpu_offload);
-  m.params->Initialize(args.seed, args.init_method_std);
+                                          args.sequence_parallel, master);
   // Data-parallel buckets, per model chunk: the reducer reduces (and gathers) its chunk's, the
   // optimizer owns a part of each of them with the distributed optimizer.
   const int vpp = args.virtual_pipeline_size();
   std::vector<std::vector<DpBucket>> chunk_buckets;
+  std::vector<DpBucket> all_buckets;
   for (int v = 0; v < vpp; ++v) {
     const auto [first, last] = m.layout->StageLayers(g.coords.pp, v);
     chunk_buckets.push_back(PlanDpBuckets(*m.params, first, last, g.coords.pp == 0 && v == 0,
                                           g.coords.pp == g.sizes.pp - 1 && v == vpp - 1,
                                           static_cast<size_t>(args.ddp_bucket_size)));
+    all_buckets.insert(all_buckets.end(), chunk_buckets.back().begin(), chunk_buckets.back().end());
   }
+  if (master == MasterWeights::kSharded)
+    m.params->SetShard(DpOwnedParts(all_buckets, dp_cp.rank(), dp_cp.size()));
+  m.params->Initialize(args.seed, args.init_method_std);
   if (args.bf16) {
 #ifdef LEANTRON_HAVE_CUDA
     if (absl::Status s = BuildBf16Chunks(args, g, chunk_buckets, &m); !s.ok()) return s;
@@ -150,8 +162,7 @@ absl::StatusOr<TrainingModel> BuildTrainingModel(const TrainArgs& args, ProcessG
   oo.weight_decay = static_cast<float>(args.weight_decay);
   oo.clip_grad = static_cast<float>(args.clip_grad);
   oo.distributed = args.use_distributed_optimizer;
-  for (const std::vector<DpBucket>& b : chunk_buckets)
-    oo.buckets.insert(oo.buckets.end(), b.begin(), b.end());
+  oo.buckets = std::move(all_buckets);
   oo.dp_by_reducer = !m.listeners.empty();
   oo.cpu_offload = args.optimizer_cpu_offload;
   oo.host_threads = std::max(1, UsableCores() / std::max(1, local_ranks));

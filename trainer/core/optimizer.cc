@@ -32,18 +32,25 @@ Optimizer::Optimizer(Ops* ops, ParamStore* params, ProcessGroups* groups,
     }
   }
   if (sharded()) {
-    for (const DpBucket& b : opt_.buckets) {
-      const auto [first, last] = b.Part(dp_cp().rank(), dp_cp().size());
-      if (first < last) owned_.push_back({first, last, 0});
-    }
-    std::sort(owned_.begin(), owned_.end(),
-              [](const Owned& a, const Owned& b) { return a.begin < b.begin; });
+    for (const auto& [first, last] : DpOwnedParts(opt_.buckets, dp_cp().rank(), dp_cp().size()))
+      owned_.push_back({first, last, 0});
   } else {
     owned_.push_back({0, n, 0});
   }
   for (Owned& o : owned_) {
     o.state = state_elements_;
     state_elements_ += o.end - o.begin;
+  }
+  if (params_->sharded()) {
+    // The store keeps the fp32 weights this rank steps, and only those.
+    std::vector<std::pair<size_t, size_t>> mine;
+    for (const Owned& o : owned_) mine.push_back({o.begin, o.end});
+    if (!sharded() || mine != params_->shard()) {
+      std::fprintf(stderr,
+                   "Optimizer: the sharded fp32 weights need the distributed optimizer over "
+                   "DP x CP > 1 and this rank's parts of the same buckets (OwnedParts)\n");
+      std::abort();
+    }
   }
   if (opt_.cpu_offload) {
     // One owner of everything, so the moments are in the flat order (HostState relies on it).
@@ -123,7 +130,6 @@ void Optimizer::FinalizeGrads() {
 StepResult Optimizer::Step(float lr) {
   StepResult result;
   float* grad = params_->grad();
-  float* data = params_->data();
   // Squared norm over the parameters this rank counts, restricted to what it steps; the
   // gradients are still the sum over DP ranks.
   double sq = 0.0;
@@ -153,29 +159,44 @@ StepResult Optimizer::Step(float lr) {
   }
   uint16_t* low = params_->bf16_copy();
   for (const AdamRange& r : adam_ranges_) {
-    ops_->AdamWStep(data + r.begin, grad + r.begin, exp_avg_ + r.state, exp_avg_sq_ + r.state,
-                    r.end - r.begin, lr, opt_.beta1, opt_.beta2, opt_.eps,
+    ops_->AdamWStep(params_->Master(r.begin), grad + r.begin, exp_avg_ + r.state,
+                    exp_avg_sq_ + r.state, r.end - r.begin, lr, opt_.beta1, opt_.beta2, opt_.eps,
                     r.decay ? opt_.weight_decay : 0.0f, step_, grad_scale,
                     low != nullptr ? low + r.begin : nullptr);
   }
+  params_->MirrorFromShard();
   params_->WeightsStepped();
   if (sharded()) {
-    if (opt_.dp_by_reducer) {
-      params_partial_ = true;
-    } else {
+    // The gradient reducer gathers the other parts before the next forward. With the fp32
+    // weights sharded the bf16 copy and the mirror are all the model needs whole, and a save
+    // gathers the fp32 weights itself (GatherMaster).
+    if (!opt_.dp_by_reducer) {
       BroadcastParts();
+    } else if (!params_->sharded()) {
+      params_partial_ = true;
     }
   }
   return result;
 }
 
 void Optimizer::BroadcastParts() {
-  float* data = params_->data();
   Communicator& dp = dp_cp();
+  const bool whole = !params_->sharded();
+  uint16_t* low = params_->bf16_copy();
   for (const DpBucket& b : opt_.buckets) {
     for (int r = 0; r < dp.size(); ++r) {
       const auto [first, last] = b.Part(r, dp.size());
-      if (first < last) dp.Broadcast(data + first, last - first, r);
+      if (first >= last) continue;
+      if (whole) {
+        dp.Broadcast(params_->data() + first, last - first, r);
+        continue;
+      }
+      if (low != nullptr) dp.Broadcast16(low + first, last - first, r);
+      for (const ParamView& v : params_->views()) {
+        const size_t vb = std::max(first, v.offset), ve = std::min(last, v.offset + v.numel);
+        if (vb < ve && v.mirror != ParamView::kNoMirror)
+          dp.Broadcast(params_->MirrorAt(vb), ve - vb, r);
+      }
     }
   }
 }
@@ -184,6 +205,34 @@ void Optimizer::GatherParams() {
   if (!params_partial_) return;
   BroadcastParts();
   params_partial_ = false;
+}
+
+void Optimizer::GatherMaster(std::vector<float>* out) {
+  const size_t n = params_->size();
+  if (!params_->sharded()) {
+    GatherParams();
+    if (out != nullptr) *out = params_->HostData();
+    return;
+  }
+  // A window of the flat order at a time: each part broadcast from its owner, bit for bit.
+  if (out != nullptr) out->assign(n, 0.0f);
+  Communicator& dp = dp_cp();
+  const size_t window = std::max<size_t>(1, std::min(n, opt_.gather_window));
+  float* buffer = ops_->Alloc(window);
+  for (size_t w = 0; w < n; w += window) {
+    const size_t len = std::min(window, n - w);
+    for (const DpBucket& b : opt_.buckets) {
+      for (int r = 0; r < dp.size(); ++r) {
+        const auto [first, last] = b.Part(r, dp.size());
+        const size_t pb = std::max(first, w), pe = std::min(last, w + len);
+        if (pb >= pe) continue;
+        if (r == dp.rank()) ops_->Copy(buffer + (pb - w), params_->Master(pb), pe - pb);
+        dp.Broadcast(buffer + (pb - w), pe - pb, r);
+      }
+    }
+    if (out != nullptr) ops_->CopyToHost(out->data() + w, buffer, len * sizeof(float));
+  }
+  ops_->Free(buffer);
 }
 
 void Optimizer::GatherState(std::vector<float>* exp_avg, std::vector<float>* exp_avg_sq) {

@@ -7,8 +7,10 @@
 //   gradient times 1/DP and the clipping coefficient (one multiply inside the update, no separate
 //   pass), writing the model's bf16 copy beside. With the distributed optimizer (ZeRO-1) each
 //   rank of the data × context parallel group (Megatron shards over the data-parallel group with
-//   context parallel) keeps Adam moments for, and steps, only its part of every bucket; the parts
-//   are then broadcast, or gathered by the model overlapped with the next forward.
+//   context parallel) keeps Adam moments for, and steps, only its part of every bucket (DpOwned-
+//   Parts); the parts are then broadcast, or gathered by the model overlapped with the next
+//   forward. The bf16 model's store keeps only those parts of the fp32 weights too (ParamStore
+//   kSharded, as Megatron's); what is gathered is then the bf16 copy and the fp32 mirror.
 #pragma once
 
 #include <cstdint>
@@ -73,6 +75,11 @@ class Optimizer {
   // forward (collective over DP × CP; nothing to do otherwise). Before reading them, as a save
   // does.
   void GatherParams();
+  // The whole fp32 weights of this rank's (tp, pp) shard in host memory, in the flat order: with
+  // the weights sharded (ParamStore kSharded) gathered from every DP × CP rank's part, bit for
+  // bit; otherwise after GatherParams, the store's copy. Collective over DP × CP; a rank that
+  // does not need them passes null.
+  void GatherMaster(std::vector<float>* out);
   // Adam moments for the whole of this rank's (tp, pp) shard, in the ParamStore's flat order. With
   // the distributed optimizer these gather every DP × CP rank's slice (collective over DP × CP).
   void GatherState(std::vector<float>* exp_avg, std::vector<float>* exp_avg_sq);
@@ -85,7 +92,8 @@ class Optimizer {
  private:
   Communicator& dp_cp() const { return groups_->data_parallel_with_cp(); }
   bool sharded() const { return opt_.distributed && dp_cp().size() > 1; }
-  // Each bucket's part owned by DP rank r broadcast from it (fp32 weights whole everywhere).
+  // Each bucket's part owned by DP rank r broadcast from it: the fp32 weights, or with them
+  // sharded the bf16 copy and the mirror.
   void BroadcastParts();
 
   Ops* ops_;

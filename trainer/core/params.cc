@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "libckpt/dtype.h"
 
 namespace leantron::trainer {
 
@@ -54,8 +55,8 @@ bool Bf16ModelReadsFp32(const std::string& name) {
 }
 
 ParamStore::ParamStore(Ops* ops, const ckpt::ModelLayout& layout, int tp_rank, int pp_rank,
-                       bool sequence_parallel, bool host_master)
-    : ops_(ops), layout_(layout), tp_rank_(tp_rank), host_master_(host_master) {
+                       bool sequence_parallel, MasterWeights master)
+    : ops_(ops), layout_(layout), tp_rank_(tp_rank), master_place_(master) {
   for (const ckpt::ParamSpec* spec : layout.StageParams(pp_rank)) {
     ParamView v;
     v.name = spec->name;
@@ -68,29 +69,69 @@ ParamStore::ParamStore(Ops* ops, const ckpt::ModelLayout& layout, int tp_rank, i
     v.count_in_norm = spec->tied_to.empty() && (!replicated || tp_rank == 0);
     v.tp_partial_grad = sequence_parallel && replicated && layout.parallel().tp > 1;
     size_ += v.numel;
-    if (host_master_ && Bf16ModelReadsFp32(v.name)) {
+    if (master_place_ != MasterWeights::kWhole && Bf16ModelReadsFp32(v.name)) {
       v.mirror = mirror_size_;
       mirror_size_ += v.numel;
     }
     views_.push_back(std::move(v));
   }
-  if (host_master_) {
-    master_ = static_cast<float*>(ops_->AllocPinned(size_ * sizeof(float)));
-    mirror_ = ops_->Alloc(mirror_size_);
-  } else {
-    master_ = ops_->Alloc(size_);
+  switch (master_place_) {
+    case MasterWeights::kWhole:
+      master_ = ops_->Alloc(size_);
+      break;
+    case MasterWeights::kHost:
+      master_ = static_cast<float*>(ops_->AllocPinned(size_ * sizeof(float)));
+      mirror_ = ops_->Alloc(mirror_size_);
+      break;
+    case MasterWeights::kSharded:  // the shard itself once SetShard says which it is
+      mirror_ = ops_->Alloc(mirror_size_);
+      own_bf16_ = ops_->Alloc((size_ + 1) / 2);
+      bf16_copy_ = reinterpret_cast<uint16_t*>(own_bf16_);
+      break;
   }
   grad_ = ops_->Alloc(size_);
 }
 
 ParamStore::~ParamStore() {
-  if (host_master_) {
+  if (master_place_ == MasterWeights::kHost) {
     ops_->FreePinned(master_);
-    ops_->Free(mirror_);
-  } else {
+  } else if (master_ != nullptr) {
     ops_->Free(master_);
   }
+  if (mirror_ != nullptr) ops_->Free(mirror_);
+  if (own_bf16_ != nullptr) ops_->Free(own_bf16_);
   ops_->Free(grad_);
+}
+
+void ParamStore::SetShard(std::vector<std::pair<size_t, size_t>> ranges) {
+  size_t at = 0;
+  bool ok = sharded() && master_ == nullptr;
+  for (const auto& [b, e] : ranges) {
+    ok = ok && at <= b && b < e && e <= size_;
+    at = e;
+  }
+  if (!ok) {
+    std::fprintf(stderr, "ParamStore: SetShard needs kSharded, once, with sorted ranges\n");
+    std::abort();
+  }
+  shard_ = std::move(ranges);
+  for (const auto& [b, e] : shard_) {
+    shard_at_.push_back(shard_size_);
+    shard_size_ += e - b;
+  }
+  master_ = ops_->Alloc(std::max<size_t>(shard_size_, 1));
+}
+
+size_t ParamStore::backend_elements() const {
+  switch (master_place_) {
+    case MasterWeights::kWhole:
+      return size_;
+    case MasterWeights::kHost:
+      return mirror_size_;
+    case MasterWeights::kSharded:
+      return shard_size_ + mirror_size_;
+  }
+  return size_;
 }
 
 const ParamView* ParamStore::Find(const std::string& name) const {
@@ -99,22 +140,44 @@ const ParamView* ParamStore::Find(const std::string& name) const {
   return nullptr;
 }
 
+float* ParamStore::Master(size_t flat) {
+  if (!sharded()) return master_ + flat;
+  auto it =
+      std::upper_bound(shard_.begin(), shard_.end(), flat,
+                       [](size_t f, const std::pair<size_t, size_t>& r) { return f < r.first; });
+  if (it == shard_.begin() || flat >= (it - 1)->second) {
+    std::fprintf(stderr, "ParamStore: fp32 weight %zu is not in this rank's shard\n", flat);
+    std::abort();
+  }
+  const size_t i = static_cast<size_t>(it - shard_.begin()) - 1;
+  return master_ + shard_at_[i] + (flat - shard_[i].first);
+}
+
 float* ParamStore::Param(const std::string& name) {
   const ParamView* v = Find(name);
   if (v == nullptr) return nullptr;
-  if (!host_master_) return master_ + v->offset;
+  if (master_place_ == MasterWeights::kWhole) return master_ + v->offset;
   if (v->mirror == ParamView::kNoMirror) {
     std::fprintf(stderr,
-                 "ParamStore: %s has no fp32 copy on the backend with the weights on the host\n",
+                 "ParamStore: %s has no fp32 copy on the backend with the weights on the host or "
+                 "sharded\n",
                  name.c_str());
     std::abort();
   }
   return mirror_ + v->mirror;
 }
 
+float* ParamStore::MirrorAt(size_t flat) const {
+  if (mirror_ == nullptr) return nullptr;
+  for (const ParamView& v : views_)
+    if (v.mirror != ParamView::kNoMirror && v.offset <= flat && flat < v.offset + v.numel)
+      return mirror_ + v.mirror + (flat - v.offset);
+  return nullptr;
+}
+
 uint64_t ParamStore::RefreshMirror(size_t begin, size_t end) {
   uint64_t ticket = 0;
-  if (!host_master_) return ticket;
+  if (!host_master()) return ticket;
   for (const ParamView& v : views_) {
     if (v.mirror == ParamView::kNoMirror) continue;
     const size_t b = std::max(begin, v.offset), e = std::min(end, v.offset + v.numel);
@@ -125,9 +188,24 @@ uint64_t ParamStore::RefreshMirror(size_t begin, size_t end) {
   return ticket;
 }
 
+void ParamStore::MirrorFromShard() {
+  if (!sharded()) return;
+  for (const ParamView& v : views_) {
+    if (v.mirror == ParamView::kNoMirror) continue;
+    for (const auto& [sb, se] : shard_) {
+      const size_t b = std::max(sb, v.offset), e = std::min(se, v.offset + v.numel);
+      if (b < e) ops_->Copy(mirror_ + v.mirror + (b - v.offset), Master(b), e - b);
+    }
+  }
+}
+
 std::vector<float> ParamStore::HostData() const {
+  if (sharded()) {
+    std::fprintf(stderr, "ParamStore: no rank holds the sharded fp32 weights whole\n");
+    std::abort();
+  }
   std::vector<float> host(size_);
-  if (host_master_) {
+  if (host_master()) {
     std::memcpy(host.data(), master_, size_ * sizeof(float));
   } else {
     ops_->CopyToHost(host.data(), master_, size_ * sizeof(float));
@@ -137,8 +215,29 @@ std::vector<float> ParamStore::HostData() const {
 
 void ParamStore::Write(const ParamView& view, const float* host) {
   const size_t bytes = view.numel * sizeof(float);
-  if (!host_master_) return ops_->CopyFromHost(master_ + view.offset, host, bytes);
-  if (host != master_ + view.offset) std::memcpy(master_ + view.offset, host, bytes);
+  switch (master_place_) {
+    case MasterWeights::kWhole:
+      return ops_->CopyFromHost(master_ + view.offset, host, bytes);
+    case MasterWeights::kHost:
+      if (host != master_ + view.offset) std::memcpy(master_ + view.offset, host, bytes);
+      break;
+    case MasterWeights::kSharded: {
+      if (master_ == nullptr) {
+        std::fprintf(stderr, "ParamStore: %s written before SetShard\n", view.name.c_str());
+        std::abort();
+      }
+      for (const auto& [sb, se] : shard_) {
+        const size_t b = std::max(sb, view.offset), e = std::min(se, view.offset + view.numel);
+        if (b < e) ops_->CopyFromHost(Master(b), host + (b - view.offset), (e - b) * sizeof(float));
+      }
+      // The bf16 copy, rounded here as the model's conversion rounds (to nearest even). Its
+      // halves are whole uint16s, so a view starting at an odd index is written from there on.
+      std::vector<uint16_t> low(view.numel);
+      for (size_t i = 0; i < view.numel; ++i) low[i] = ckpt::FloatToBFloat16(host[i]);
+      ops_->CopyFromHost(bf16_copy_ + view.offset, low.data(), view.numel * sizeof(uint16_t));
+      break;
+    }
+  }
   if (view.mirror != ParamView::kNoMirror) ops_->CopyFromHost(mirror_ + view.mirror, host, bytes);
 }
 
@@ -182,6 +281,17 @@ std::pair<size_t, size_t> DpBucket::Part(int rank, int size) const {
   const size_t each = (numel + size - 1) / size;
   const size_t begin = std::min(numel, each * rank), end = std::min(numel, begin + each);
   return {offset + begin, offset + end};
+}
+
+std::vector<std::pair<size_t, size_t>> DpOwnedParts(const std::vector<DpBucket>& buckets, int rank,
+                                                    int size) {
+  std::vector<std::pair<size_t, size_t>> parts;
+  for (const DpBucket& b : buckets) {
+    const auto [first, last] = b.Part(rank, size);
+    if (first < last) parts.push_back({first, last});
+  }
+  std::sort(parts.begin(), parts.end());
+  return parts;
 }
 
 int DpReduceStartLayer(const std::vector<double>& left_ms, double reduce_ms) {

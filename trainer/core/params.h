@@ -38,47 +38,74 @@ struct ParamView {
 // tensor it reads from its bf16 copy).
 bool Bf16ModelReadsFp32(const std::string& name);
 
+// Where the fp32 main weights live.
+//   kWhole: all of them in backend memory.
+//   kHost (--optimizer-cpu-offload): all of them in pinned host memory, where the optimizer steps
+//     them; the backend keeps an fp32 mirror of only the tensors the bf16 model reads in fp32
+//     (Bf16ModelReadsFp32), besides the bf16 copy and the fp32 gradients.
+//   kSharded (the distributed optimizer of the bf16 model, as Megatron's): only the flat ranges
+//     this rank steps (SetShard), in backend memory; the same mirror, and the bf16 copy, which
+//     this store then allocates and writes on every rewrite. The other ranks' parts of the bf16
+//     copy and the mirror arrive after each step (the gradient reducer, or Optimizer).
+enum class MasterWeights { kWhole, kHost, kSharded };
+
 class ParamStore {
  public:
-  // `host_master` (--optimizer-cpu-offload): the fp32 weights live in pinned host memory, where
-  // the optimizer steps them; the backend keeps an fp32 mirror of only the tensors the bf16 model
-  // reads in fp32 (Bf16ModelReadsFp32), besides the bf16 copy and the fp32 gradients.
   ParamStore(Ops* ops, const ckpt::ModelLayout& layout, int tp_rank, int pp_rank,
-             bool sequence_parallel, bool host_master = false);
+             bool sequence_parallel, MasterWeights master = MasterWeights::kWhole);
   ~ParamStore();
   ParamStore(const ParamStore&) = delete;
   ParamStore& operator=(const ParamStore&) = delete;
+
+  // kSharded: the sorted, disjoint flat ranges of the fp32 weights this rank keeps and steps
+  // (its parts of the data-parallel buckets); once, before Initialize or any SetFromHost.
+  void SetShard(std::vector<std::pair<size_t, size_t>> ranges);
 
   // Megatron's initialisation, computed on the full tensor and then sharded, so that every layout
   // starts from the same weights: normal(0, std) for weights and embeddings, std/sqrt(2L) for the
   // output-side linears, ones/zeros for norms, zeros for biases.
   void Initialize(uint64_t seed, double init_std);
 
-  // The fp32 weights in the flat order: backend memory, or pinned host memory with host_master.
-  float* data() { return master_; }
+  // The fp32 weights in the flat order: backend memory, or pinned host memory with kHost; null
+  // with kSharded (no rank holds them whole: Master, Optimizer::GatherMaster).
+  float* data() { return master_ == nullptr || sharded() ? nullptr : master_; }
+  // The fp32 weight at flat index `flat` and those after it up to the end of its shard range
+  // (every index with kWhole and kHost; with kSharded only those in the shard, else it aborts).
+  float* Master(size_t flat);
   float* grad() { return grad_; }
   size_t size() const { return size_; }
-  bool host_master() const { return host_master_; }
-  // fp32 elements the backend holds for the weights (all of them, or the mirror).
-  size_t backend_elements() const { return host_master_ ? mirror_size_ : size_; }
+  MasterWeights master() const { return master_place_; }
+  bool host_master() const { return master_place_ == MasterWeights::kHost; }
+  bool sharded() const { return master_place_ == MasterWeights::kSharded; }
+  const std::vector<std::pair<size_t, size_t>>& shard() const { return shard_; }
+  // fp32 elements the backend holds for the weights: all of them; the mirror (kHost); the shard
+  // and the mirror (kSharded).
+  size_t backend_elements() const;
   const std::vector<ParamView>& views() const { return views_; }
   const ParamView* Find(const std::string& name) const;
   // The fp32 weights the model computes with (backend memory); nullptr when this rank does not
-  // hold the tensor. With host_master only mirrored tensors have them (asking for another aborts).
+  // hold the tensor. With kHost and kSharded only mirrored tensors have them (asking for another
+  // aborts).
   float* Param(const std::string& name);
-  // With host_master: copies [begin, end) of the host weights to the mirror where it overlaps
+  // Where the mirror holds flat index `flat` (kHost, kSharded), or null when it does not.
+  float* MirrorAt(size_t flat) const;
+  // With kHost: copies [begin, end) of the host weights to the mirror where it overlaps
   // mirrored tensors (Ops::CopyFromHostAsync); returns the last copy's ticket, 0 when none.
   uint64_t RefreshMirror(size_t begin, size_t end);
-  // Host copies for checkpoints.
+  // With kSharded: copies the shard's stepped weights to the mirror where they overlap it.
+  void MirrorFromShard();
+  // A host copy of the whole fp32 weights (kWhole, kHost), for checkpoints.
   std::vector<float> HostData() const;
-  // `host` may be the view's own place in data() when that is host memory (read in place).
+  // `host` may be the view's own place in data() when that is host memory (read in place). With
+  // kSharded it writes this rank's part, the mirror and the bf16 copy.
   void SetFromHost(const ParamView& view, const float* host);
   Ops* ops() const { return ops_; }
   const ckpt::ModelLayout& layout() const { return layout_; }
   float* Grad(const std::string& name);
 
   // The bf16 copy of the whole buffer the bf16 model computes with (device memory, owned by the
-  // model that sets it; null without). The optimizer writes it beside the fp32 weights it steps.
+  // model that sets it, or with kSharded by this store; null without). The optimizer writes it
+  // beside the fp32 weights it steps.
   uint16_t* bf16_copy() const { return bf16_copy_; }
   void set_bf16_copy(uint16_t* p) { bf16_copy_ = p; }
   // Counts changes of the fp32 weights: every optimizer step (which also writes the bf16 copy of
@@ -94,13 +121,18 @@ class ParamStore {
   Ops* ops_;
   const ckpt::ModelLayout& layout_;
   int tp_rank_;
-  bool host_master_;
+  MasterWeights master_place_;
   std::vector<ParamView> views_;
-  float* master_ = nullptr;  // the fp32 weights (backend memory, or pinned host memory)
-  float* mirror_ = nullptr;  // host_master: the mirrored tensors' fp32 copies, backend memory
+  float* master_ = nullptr;  // the fp32 weights (backend or pinned host memory), or the shard's
+  float* mirror_ = nullptr;  // kHost, kSharded: the mirrored tensors' fp32 copies, backend memory
   float* grad_ = nullptr;
   size_t size_ = 0, mirror_size_ = 0;
+  // kSharded: the ranges kept, and where each starts in master_.
+  std::vector<std::pair<size_t, size_t>> shard_;
+  std::vector<size_t> shard_at_;
+  size_t shard_size_ = 0;
   uint16_t* bf16_copy_ = nullptr;
+  float* own_bf16_ = nullptr;  // kSharded: the bf16 copy's memory (backend, ceil(size / 2) floats)
   uint64_t weights_version_ = 0, weights_rewritten_ = 0;
 };
 
@@ -116,6 +148,10 @@ struct DpBucket {
   // into `size` runs of ceil(numel / size) (the last ones may be shorter or empty).
   std::pair<size_t, size_t> Part(int rank, int size) const;
 };
+
+// The parts of `buckets` that data-parallel rank `rank` of `size` owns, non-empty, in flat order.
+std::vector<std::pair<size_t, size_t>> DpOwnedParts(const std::vector<DpBucket>& buckets, int rank,
+                                                    int size);
 
 // One model chunk's buckets, in the backward's order: its layers [first_layer, last_layer) from
 // the last down, neighbours merged up to `bucket_elements` (the lowest layer alone: its bucket is

@@ -52,6 +52,8 @@ std::string MemoryLine(const TrainArgs& args, const TrainingModel& m, const Proc
   if (args.backend == "cuda") {
     int64_t acts = 0;
     for (const StageModel* c : m.chunks) acts += c->activation_bytes();
+    // The bf16 copy is the model's memory, or the store's with the fp32 weights sharded.
+    if (m.params->sharded()) acts += static_cast<int64_t>(m.params->size()) * 2;
     const int64_t params = static_cast<int64_t>(m.params->backend_elements()) * 4;
     const int64_t whole = static_cast<int64_t>(m.params->size()) * 4;  // every parameter in fp32
     const int64_t adam = static_cast<int64_t>(m.optimizer->state_elements()) * 8;
@@ -59,7 +61,10 @@ std::string MemoryLine(const TrainArgs& args, const TrainingModel& m, const Proc
     gpu = absl::StrFormat(
         " GPU in use: %d | of which %s %d, gradients %d, Adam state %d, bf16 "
         "weights, activations and workspaces %d |",
-        cuda::DeviceMemoryInUse() >> 20, host ? "fp32 norms and embeddings" : "parameters",
+        cuda::DeviceMemoryInUse() >> 20,
+        host                  ? "fp32 norms and embeddings"
+        : m.params->sharded() ? "fp32 weights (this rank's part, norms and embeddings whole)"
+                              : "parameters",
         params >> 20, whole >> 20, host ? 0 : adam >> 20, acts >> 20);
     if (host) {
       absl::StrAppendFormat(&gpu,
@@ -82,8 +87,20 @@ std::string RankReport(const TrainArgs& args, const TrainingModel& m, const Proc
                     c->last_layer(), ")", c->first_stage() ? " +embedding" : "",
                     c->last_stage() ? " +output" : "");
   }
-  const double param_mb = m.params->size() * 4.0 / (1 << 20);
+  // What this rank holds: every fp32 weight, or its part of them (the distributed optimizer of the
+  // bf16 model) beside the norms and embeddings the model reads in fp32, or (offloaded) all of
+  // them on the host and those tensors here.
+  const double whole_mb = m.params->size() * 4.0 / (1 << 20);
+  const double backend_mb = m.params->backend_elements() * 4.0 / (1 << 20);
   const double adam_mb = m.optimizer->state_elements() * 8.0 / (1 << 20);
+  std::string weights = absl::StrFormat("fp32 weights %.1f MB", backend_mb);
+  if (m.params->sharded()) {
+    absl::StrAppend(&weights, " (its part; norms and embeddings whole)");
+  } else if (m.params->host_master()) {
+    weights =
+        absl::StrFormat("fp32 weights %.1f MB on the host (norms and embeddings %.1f MB here)",
+                        whole_mb, backend_mb);
+  }
   // Gloo calls are timed on the host; on GPUs the split comes from device events (below).
   const std::string comm =
       args.backend == "cuda"
@@ -94,11 +111,12 @@ std::string RankReport(const TrainArgs& args, const TrainingModel& m, const Proc
                 t.train_seconds > 0 ? 100.0 * t.comm_seconds / t.train_seconds : 0.0);
   absl::StrAppendFormat(
       &out,
-      "[Rank %d] tp %d pp %d dp %d%s | layers %s | parameters %d: %.1f MB + gradients %.1f MB + "
-      "Adam state %.1f MB | peak resident %d MB | %s\n",
+      "[Rank %d] tp %d pp %d dp %d%s | layers %s | parameters %d | %s + gradients %.1f MB + Adam "
+      "state %.1f MB%s | peak resident %d MB | %s\n",
       g.world_rank, g.coords.tp, g.coords.pp, g.coords.dp,
       g.sizes.cp > 1 ? absl::StrFormat(" cp %d", g.coords.cp) : "", layers, m.params->size(),
-      param_mb, param_mb, adam_mb, PeakResidentMiB(), comm);
+      weights, whole_mb, adam_mb, m.optimizer->state_on_host() ? " on the host" : "",
+      PeakResidentMiB(), comm);
   if (m.optimizer->state_on_host()) {
     absl::StrAppendFormat(
         &out,

@@ -36,6 +36,8 @@ class Communicator {
   // in[size·n]: block p goes to rank p; out[size·n]: block p came from rank p (in != out).
   virtual void AllToAll(const float* in, float* out, size_t n) = 0;
   virtual void Broadcast(float* data, size_t n, int root) = 0;
+  // 16-bit elements (bf16 weights) moved as they are.
+  virtual void Broadcast16(uint16_t* data, size_t n, int root) = 0;
   // Point-to-point for pipeline schedules: messages of one tag between two ranks arrive in the
   // order they were sent. SendAsync copies `data` and returns at once; WaitSends waits for all.
   virtual void SendAsync(const float* data, size_t n, int peer, uint32_t tag) = 0;

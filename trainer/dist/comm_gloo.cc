@@ -52,6 +52,7 @@ class SelfCommunicator final : public Communicator {
     std::memcpy(out, in, n * sizeof(float));
   }
   void Broadcast(float*, size_t, int) override {}
+  void Broadcast16(uint16_t*, size_t, int) override {}
   // A group of one has no peer; a schedule never sends to itself.
   void SendAsync(const float*, size_t, int, uint32_t) override { std::abort(); }
   void Recv(float*, size_t, int, uint32_t) override { std::abort(); }
@@ -113,6 +114,13 @@ class GlooCommunicator final : public Communicator {
     Guard("all-to-all", [&] { gloo::alltoall(opts); });
   }
   void Broadcast(float* data, size_t n, int root) override {
+    if (n == 0) return;
+    gloo::BroadcastOptions opts(context_);
+    opts.setOutput(data, n);
+    opts.setRoot(root);
+    Guard("broadcast", [&] { gloo::broadcast(opts); });
+  }
+  void Broadcast16(uint16_t* data, size_t n, int root) override {
     if (n == 0) return;
     gloo::BroadcastOptions opts(context_);
     opts.setOutput(data, n);
@@ -207,6 +215,9 @@ class TimedCommunicator final : public Communicator {
   }
   void Broadcast(float* d, size_t n, int root) override {
     Time([&] { inner_->Broadcast(d, n, root); });
+  }
+  void Broadcast16(uint16_t* d, size_t n, int root) override {
+    Time([&] { inner_->Broadcast16(d, n, root); });
   }
   void SendAsync(const float* d, size_t n, int peer, uint32_t tag) override {
     Time([&] { inner_->SendAsync(d, n, peer, tag); });

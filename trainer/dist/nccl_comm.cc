@@ -340,6 +340,15 @@ void NcclCommunicator::Broadcast(float* data, size_t n, int root) {
   staging.Finish();
 }
 
+void NcclCommunicator::Broadcast16(uint16_t* data, size_t n, int root) {
+  if (root < 0 || root >= size()) Misuse(absl::StrCat("Broadcast root ", root, " on ", name_));
+  if (n == 0 || size() == 1) return;
+  const cudaStream_t s = cuda::MainStream();
+  HostStaging staging(s);
+  Broadcast(staging.Map(data, n * sizeof(uint16_t), true, true), n, CommType::kBF16, root, s);
+  staging.Finish();
+}
+
 void NcclCommunicator::SendAsync(const float* data, size_t n, int peer, uint32_t) {
   // The copy into the staging buffer reads `data` in stream order (host memory: before the call
   // returns), so the caller may reuse it at once.

@@ -85,6 +85,7 @@ class NcclCommunicator final : public Communicator {
   void ReduceScatter(const float* in, float* out, size_t n) override;
   void AllToAll(const float* in, float* out, size_t n) override;
   void Broadcast(float* data, size_t n, int root) override;
+  void Broadcast16(uint16_t* data, size_t n, int root) override;
   void SendAsync(const float* data, size_t n, int peer, uint32_t tag) override;
   void Recv(float* data, size_t n, int peer, uint32_t tag) override;
   void WaitSends() override;

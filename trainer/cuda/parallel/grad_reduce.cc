@@ -1,6 +1,8 @@
 #include "trainer/cuda/parallel/grad_reduce.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 
 #include "absl/strings/str_format.h"
@@ -305,11 +307,35 @@ void GradReducer::Plan() {
   start_left_ms_ = start_layer_ >= 0 ? left[start_layer_] : 0.0;
 }
 
-// Each part goes from its owner to the others in fp32 (the weights stay whole on every rank, as
-// checkpoints and the fp32 norms and embeddings need); what arrives is rounded into the bf16 copy,
-// which the owner's AdamW has already written for its own part.
+// Each part goes from its owner to the others. With the fp32 weights whole on every rank, in
+// fp32, and what arrives is rounded into the bf16 copy (which the owner's AdamW has already
+// written for its own part). With them sharded (no `data`), the bf16 copy's part as it is, and in
+// fp32 only where the model reads the weights in fp32 (the store's mirror: norms, embeddings).
 void GradReducer::Gather(const DpBucket& b) {
   const int rank = dp_->rank(), size = dp_->size();
+  if (data_ == nullptr) {
+    if (params_ == nullptr) {
+      std::fprintf(stderr, "GradReducer: gathering sharded weights needs Follow(params)\n");
+      std::abort();
+    }
+    dp_->Enqueue("Broadcast", comm_, [&](ncclComm_t c) {
+      ncclResult_t r = ncclGroupStart();
+      for (int q = 0; q < size && r == ncclSuccess; ++q) {
+        const auto [first, last] = b.Part(q, size);
+        if (first >= last) continue;
+        r = ncclBroadcast(low_ + first, low_ + first, last - first, ncclBfloat16, q, c, comm_);
+        for (const ParamView& v : params_->views()) {
+          const size_t vb = std::max(first, v.offset), ve = std::min(last, v.offset + v.numel);
+          if (r != ncclSuccess || vb >= ve || v.mirror == ParamView::kNoMirror) continue;
+          float* m = params_->MirrorAt(vb);
+          r = ncclBroadcast(m, m, ve - vb, ncclFloat32, q, c, comm_);
+        }
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return r != ncclSuccess ? r : end;
+    });
+    return;
+  }
   if (exchange_ != nullptr) {
     PartRounds(
         b, rank, kPieceElements / 2,

@@ -14,7 +14,9 @@
 //   parameters (distributed optimizer): after the step every rank holds its parts of the fp32
 //   weights (and of the bf16 copy) stepped; GatherParams sends them to the other ranks, buckets
 //   in the forward's order, converting what arrives to bf16, and WaitParams makes the forward
-//   wait for a layer's bucket only (--overlap-param-gather), or for all of them at once.
+//   wait for a layer's bucket only (--overlap-param-gather), or for all of them at once. With the
+//   fp32 weights sharded (ParamStore kSharded: no `data`) the parts of the bf16 copy go as they
+//   are, and the fp32 ones only for the tensors the model reads in fp32 (the store's mirror).
 // Two data-parallel ranks of one node move the data by copy engine (PeerExchange; no SM taken
 // from the compute except for the additions), unless options.copy_engine is off (then NCCL, as
 // for more ranks or several nodes).
@@ -50,7 +52,8 @@ class GradReducer final : public ModelEvents {
     // Fixed instead of planned (tests): the layer whose end starts the held-back buckets, -1 none.
     std::optional<int> start_layer;
   };
-  // `grad`, `data` and `low` (the bf16 copy) are the flat buffers the buckets index.
+  // `grad`, `data` and `low` (the bf16 copy) are the flat buffers the buckets index; `data` is
+  // null where the fp32 weights are on the host or sharded.
   GradReducer(NcclCommunicator* dp, float* grad, float* data, bf16* low,
               std::vector<DpBucket> buckets, const Options& options);
   ~GradReducer() override;
