@@ -157,7 +157,7 @@ TEST(ArgsTest, UnevenPipelineSplitIsCheckedLikeMegatronCore) {
   AddTrainFlags(app, &args);
   app.parse(
       "--pipeline-model-parallel-size 3 --decoder-first-pipeline-num-layers 2 --adam-beta2 0.95 "
-      "--adam-eps 1e-5",
+      "--adam-eps 1e-5 --optimizer-cpu-offload",
       false);
   const ckpt::ParallelConfig p = ParallelConfigFromArgs(args);
   EXPECT_EQ(p.pp, 3);
@@ -170,6 +170,7 @@ TEST(ArgsTest, UnevenPipelineSplitIsCheckedLikeMegatronCore) {
   EXPECT_NE(json.find("\"adam_beta1\": 0.90000000000000002"), std::string::npos) << json;
   EXPECT_NE(json.find("\"adam_beta2\": 0.94999999999999996"), std::string::npos) << json;
   EXPECT_NE(json.find("\"adam_eps\": 1.0000000000000001e-05"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"optimizer_cpu_offload\": true}"), std::string::npos) << json;
 }
 
 // Megatron's --use-rope-scaling / --rope-scaling-factor: Llama 3.1's scaling with the factor

@@ -514,7 +514,7 @@ std::string TrainArgsToJson(const TrainArgs& a) {
       "\"virtual_pipeline_model_parallel_size\": %d, \"decoder_first_pipeline_num_layers\": %s, "
       "\"decoder_last_pipeline_num_layers\": %s, \"context_parallel_size\": %d, "
       "\"cp_comm_type\": \"%s\", \"reset_position_ids\": %s, \"reset_attention_mask\": %s, "
-      "\"eod_mask_loss\": %s}",
+      "\"eod_mask_loss\": %s, \"optimizer_cpu_offload\": %s}",
       a.micro_batch_size, a.global_batch_size, a.seq_length, a.train_iters, a.lr, a.min_lr,
       a.lr_decay_style, a.lr_warmup_iters, a.lr_decay_iters, a.weight_decay, a.adam_beta1,
       a.adam_beta2, a.adam_eps, a.clip_grad, a.seed, a.hidden_dropout, a.attention_dropout,
@@ -523,7 +523,7 @@ std::string TrainArgsToJson(const TrainArgs& a) {
       a.tokenizer_type, a.virtual_pipeline_size(), count(a.decoder_first_pipeline_num_layers),
       count(a.decoder_last_pipeline_num_layers), a.context_parallel_size, a.cp_comm_type,
       a.reset_position_ids ? "true" : "false", a.reset_attention_mask ? "true" : "false",
-      a.eod_mask_loss ? "true" : "false");
+      a.eod_mask_loss ? "true" : "false", a.optimizer_cpu_offload ? "true" : "false");
 }
 
 }  // namespace leantron::trainer
