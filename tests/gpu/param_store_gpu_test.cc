@@ -1,7 +1,7 @@
 // The parameter store on the cuda backend with its fp32 weights sharded (MasterWeights::kSharded,
 // the bf16 model's distributed optimizer): the bf16 copy it writes on the host when weights are
 // (re)written is bit for bit the GPU's conversion of the whole store's weights, the mirror holds
-// the norms and embeddings, and MirrorFromShard copies stepped weights into it on the device.
+// the norms and embeddings, and the shard's norms and embeddings are stepped in the mirror.
 // What crosses between ranks is tested on two GPUs (tests/gpu/test_multi_gpu.py).
 #include <cstdint>
 #include <vector>
@@ -49,9 +49,18 @@ TEST_F(GpuTest, ShardedStoreWritesTheGpusBf16CopyAndMirror) {
     ops->CopyToHost(h.data(), p, len * sizeof(float));
     return h;
   };
-  for (const auto& [b, e] : ranges)
+  // Every run of the shard (cut at the mirrored tensors' edges) holds the weights.
+  auto runs = [&](auto&& f) {
+    for (const auto& [b, e] : ranges)
+      for (size_t x = b; x < e; x = std::min(e, shard.MasterRunEnd(x))) {
+        ASSERT_GT(shard.MasterRunEnd(x), x);
+        f(x, std::min(e, shard.MasterRunEnd(x)));
+      }
+  };
+  runs([&](size_t b, size_t e) {
     EXPECT_EQ(down(shard.Master(b), e - b), std::vector<float>(all.begin() + b, all.begin() + e));
-  size_t mirrored = 0;
+  });
+  size_t mirrored = 0, outside = 0;
   for (const ParamView& v : shard.views()) {
     if (v.mirror == ParamView::kNoMirror) continue;
     mirrored += v.numel;
@@ -59,11 +68,15 @@ TEST_F(GpuTest, ShardedStoreWritesTheGpusBf16CopyAndMirror) {
               std::vector<float>(all.begin() + v.offset, all.begin() + v.offset + v.numel))
         << v.name;
   }
-  EXPECT_EQ(shard.backend_elements(), (n / 3 - 5) + (n - 3 - n / 2 - 7) + mirrored);
+  for (const auto& [b, e] : ranges)
+    for (size_t i = b; i < e; ++i) outside += shard.MirrorAt(i) == nullptr;
+  EXPECT_GT(outside, 0u);
+  EXPECT_LT(outside, (n / 3 - 5) + (n - 3 - n / 2 - 7));  // the embedding is cut
+  EXPECT_EQ(shard.backend_elements(), outside + mirrored);
 
-  // A "step" of the shard: every weight it holds doubled on the device, then mirrored.
-  for (const auto& [b, e] : ranges) ops->AddInPlace(shard.Master(b), shard.Master(b), e - b);
-  shard.MirrorFromShard();
+  // A "step" of the shard: every weight it holds doubled in place on the device; the model's
+  // fp32 reads (the mirror) see the norms and embeddings among them at once.
+  runs([&](size_t b, size_t e) { ops->AddInPlace(shard.Master(b), shard.Master(b), e - b); });
   for (const ParamView& v : shard.views()) {
     if (v.mirror == ParamView::kNoMirror) continue;
     const std::vector<float> m = down(shard.Param(v.name), v.numel);

@@ -89,7 +89,8 @@ absl::Status BuildBf16Chunks(const TrainArgs& args, ProcessGroups& g,
     // the fp32 ones sharded the bf16 copy and the mirror (no data()); on the host
     // (--optimizer-cpu-offload, one owner of every part) there is nothing to gather.
     auto reducer = std::make_unique<cuda::GradReducer>(
-        dp, p.grad(), p.data(), reinterpret_cast<cuda::bf16*>(p.bf16_copy()), chunk_buckets[v], ro);
+        dp, p.grad(), p.master() == MasterWeights::kWhole ? p.data() : nullptr,
+        reinterpret_cast<cuda::bf16*>(p.bf16_copy()), chunk_buckets[v], ro);
     reducer->Follow(&p);
     m->models[v]->AddListener(reducer.get());
     m->listeners.push_back(std::move(reducer));

@@ -82,8 +82,11 @@ Optimizer::Optimizer(Ops* ops, ParamStore* params, ProcessGroups* groups,
       }
       const size_t state = o.state + (b - o.begin);
       AdamRange* last = adam_ranges_.empty() ? nullptr : &adam_ranges_.back();
+      // One range is one run of fp32 weights in memory (with them sharded, the norms and
+      // embeddings are stepped in the store's mirror, the rest apart).
       if (last != nullptr && last->end == b && last->decay == v.decay &&
-          last->state + (last->end - last->begin) == state) {
+          last->state + (last->end - last->begin) == state &&
+          params_->MasterRunEnd(last->begin) >= e) {
         last->end = e;
       } else {
         adam_ranges_.push_back({b, e, state, v.decay});
@@ -164,7 +167,6 @@ StepResult Optimizer::Step(float lr) {
                     r.decay ? opt_.weight_decay : 0.0f, step_, grad_scale,
                     low != nullptr ? low + r.begin : nullptr);
   }
-  params_->MirrorFromShard();
   params_->WeightsStepped();
   if (sharded()) {
     // The gradient reducer gathers the other parts before the next forward. With the fp32
@@ -226,7 +228,11 @@ void Optimizer::GatherMaster(std::vector<float>* out) {
         const auto [first, last] = b.Part(r, dp.size());
         const size_t pb = std::max(first, w), pe = std::min(last, w + len);
         if (pb >= pe) continue;
-        if (r == dp.rank()) ops_->Copy(buffer + (pb - w), params_->Master(pb), pe - pb);
+        for (size_t x = pb; r == dp.rank() && x < pe;) {
+          const size_t y = std::min(pe, params_->MasterRunEnd(x));
+          ops_->Copy(buffer + (x - w), params_->Master(x), y - x);
+          x = y;
+        }
         dp.Broadcast(buffer + (pb - w), pe - pb, r);
       }
     }

@@ -115,11 +115,38 @@ void ParamStore::SetShard(std::vector<std::pair<size_t, size_t>> ranges) {
     std::abort();
   }
   shard_ = std::move(ranges);
-  for (const auto& [b, e] : shard_) {
-    shard_at_.push_back(shard_size_);
-    shard_size_ += e - b;
+  // Cut at the mirrored tensors' edges: what falls in one is stepped there, the rest in master_.
+  struct Piece {
+    size_t begin, end, mirror;  // mirror: where `begin` is in the mirror, or kNoMirror
+  };
+  constexpr size_t kNone = ParamView::kNoMirror;
+  std::vector<Piece> pieces;
+  for (const auto& [sb, se] : shard_) {
+    for (const ParamView& v : views_) {
+      const size_t b = std::max(sb, v.offset), e = std::min(se, v.offset + v.numel);
+      if (b >= e) continue;
+      const size_t m = v.mirror == kNone ? kNone : v.mirror + (b - v.offset);
+      Piece* last = pieces.empty() ? nullptr : &pieces.back();
+      if (last != nullptr && last->end == b && (last->mirror == kNone) == (m == kNone) &&
+          (m == kNone || last->mirror + (last->end - last->begin) == m)) {
+        last->end = e;
+      } else {
+        pieces.push_back({b, e, m});
+      }
+    }
   }
+  for (const Piece& p : pieces)
+    if (p.mirror == kNone) shard_size_ += p.end - p.begin;
   master_ = ops_->Alloc(std::max<size_t>(shard_size_, 1));
+  size_t packed = 0;
+  for (const Piece& p : pieces) {
+    if (p.mirror != kNone) {
+      runs_.push_back({p.begin, p.end, mirror_ + p.mirror});
+    } else {
+      runs_.push_back({p.begin, p.end, master_ + packed});
+      packed += p.end - p.begin;
+    }
+  }
 }
 
 size_t ParamStore::backend_elements() const {
@@ -140,17 +167,28 @@ const ParamView* ParamStore::Find(const std::string& name) const {
   return nullptr;
 }
 
+float* ParamStore::RunAt(size_t flat) const {
+  auto it = std::upper_bound(runs_.begin(), runs_.end(), flat,
+                             [](size_t f, const Run& r) { return f < r.begin; });
+  if (it == runs_.begin() || flat >= (it - 1)->end) return nullptr;
+  return (it - 1)->at + (flat - (it - 1)->begin);
+}
+
 float* ParamStore::Master(size_t flat) {
   if (!sharded()) return master_ + flat;
-  auto it =
-      std::upper_bound(shard_.begin(), shard_.end(), flat,
-                       [](size_t f, const std::pair<size_t, size_t>& r) { return f < r.first; });
-  if (it == shard_.begin() || flat >= (it - 1)->second) {
+  float* p = RunAt(flat);
+  if (p == nullptr) {
     std::fprintf(stderr, "ParamStore: fp32 weight %zu is not in this rank's shard\n", flat);
     std::abort();
   }
-  const size_t i = static_cast<size_t>(it - shard_.begin()) - 1;
-  return master_ + shard_at_[i] + (flat - shard_[i].first);
+  return p;
+}
+
+size_t ParamStore::MasterRunEnd(size_t flat) const {
+  if (!sharded()) return size_;
+  auto it = std::upper_bound(runs_.begin(), runs_.end(), flat,
+                             [](size_t f, const Run& r) { return f < r.begin; });
+  return it == runs_.begin() || flat >= (it - 1)->end ? flat : (it - 1)->end;
 }
 
 float* ParamStore::Param(const std::string& name) {
@@ -188,17 +226,6 @@ uint64_t ParamStore::RefreshMirror(size_t begin, size_t end) {
   return ticket;
 }
 
-void ParamStore::MirrorFromShard() {
-  if (!sharded()) return;
-  for (const ParamView& v : views_) {
-    if (v.mirror == ParamView::kNoMirror) continue;
-    for (const auto& [sb, se] : shard_) {
-      const size_t b = std::max(sb, v.offset), e = std::min(se, v.offset + v.numel);
-      if (b < e) ops_->Copy(mirror_ + v.mirror + (b - v.offset), Master(b), e - b);
-    }
-  }
-}
-
 std::vector<float> ParamStore::HostData() const {
   if (sharded()) {
     std::fprintf(stderr, "ParamStore: no rank holds the sharded fp32 weights whole\n");
@@ -226,12 +253,16 @@ void ParamStore::Write(const ParamView& view, const float* host) {
         std::fprintf(stderr, "ParamStore: %s written before SetShard\n", view.name.c_str());
         std::abort();
       }
-      for (const auto& [sb, se] : shard_) {
-        const size_t b = std::max(sb, view.offset), e = std::min(se, view.offset + view.numel);
-        if (b < e) ops_->CopyFromHost(Master(b), host + (b - view.offset), (e - b) * sizeof(float));
+      // This rank's part outside the mirror (a mirrored view goes to the mirror whole, below).
+      if (view.mirror == ParamView::kNoMirror) {
+        for (const Run& r : runs_) {
+          const size_t b = std::max(r.begin, view.offset);
+          const size_t e = std::min(r.end, view.offset + view.numel);
+          if (b < e)
+            ops_->CopyFromHost(r.at + (b - r.begin), host + (b - view.offset), (e - b) * 4);
+        }
       }
-      // The bf16 copy, rounded here as the model's conversion rounds (to nearest even). Its
-      // halves are whole uint16s, so a view starting at an odd index is written from there on.
+      // The bf16 copy, rounded here as the model's conversion rounds (to nearest even).
       std::vector<uint16_t> low(view.numel);
       for (size_t i = 0; i < view.numel; ++i) low[i] = ckpt::FloatToBFloat16(host[i]);
       ops_->CopyFromHost(bf16_copy_ + view.offset, low.data(), view.numel * sizeof(uint16_t));

@@ -44,9 +44,11 @@ bool Bf16ModelReadsFp32(const std::string& name);
 //     them; the backend keeps an fp32 mirror of only the tensors the bf16 model reads in fp32
 //     (Bf16ModelReadsFp32), besides the bf16 copy and the fp32 gradients.
 //   kSharded (the distributed optimizer of the bf16 model, as Megatron's): only the flat ranges
-//     this rank steps (SetShard), in backend memory; the same mirror, and the bf16 copy, which
-//     this store then allocates and writes on every rewrite. The other ranks' parts of the bf16
-//     copy and the mirror arrive after each step (the gradient reducer, or Optimizer).
+//     this rank steps (SetShard), in backend memory, but for the same mirror, whole (the norms
+//     and embeddings this rank steps are stepped there, where the model reads them); and the
+//     bf16 copy, which this store then allocates and writes on every rewrite. The other ranks'
+//     parts of the bf16 copy and the mirror arrive after each step (the gradient reducer, or
+//     Optimizer).
 enum class MasterWeights { kWhole, kHost, kSharded };
 
 class ParamStore {
@@ -69,9 +71,12 @@ class ParamStore {
   // The fp32 weights in the flat order: backend memory, or pinned host memory with kHost; null
   // with kSharded (no rank holds them whole: Master, Optimizer::GatherMaster).
   float* data() { return master_ == nullptr || sharded() ? nullptr : master_; }
-  // The fp32 weight at flat index `flat` and those after it up to the end of its shard range
-  // (every index with kWhole and kHost; with kSharded only those in the shard, else it aborts).
+  // The fp32 weight at flat index `flat` and those after it up to MasterRunEnd(flat) (every
+  // index with kWhole and kHost; with kSharded only those in the shard, else it aborts).
   float* Master(size_t flat);
+  // Where the run of fp32 weights contiguous in memory from `flat` on ends: size(), but with
+  // kSharded at the edges of the shard's ranges and of the mirrored tensors in them.
+  size_t MasterRunEnd(size_t flat) const;
   float* grad() { return grad_; }
   size_t size() const { return size_; }
   MasterWeights master() const { return master_place_; }
@@ -79,7 +84,7 @@ class ParamStore {
   bool sharded() const { return master_place_ == MasterWeights::kSharded; }
   const std::vector<std::pair<size_t, size_t>>& shard() const { return shard_; }
   // fp32 elements the backend holds for the weights: all of them; the mirror (kHost); the shard
-  // and the mirror (kSharded).
+  // outside the mirror, and the mirror (kSharded).
   size_t backend_elements() const;
   const std::vector<ParamView>& views() const { return views_; }
   const ParamView* Find(const std::string& name) const;
@@ -92,8 +97,6 @@ class ParamStore {
   // With kHost: copies [begin, end) of the host weights to the mirror where it overlaps
   // mirrored tensors (Ops::CopyFromHostAsync); returns the last copy's ticket, 0 when none.
   uint64_t RefreshMirror(size_t begin, size_t end);
-  // With kSharded: copies the shard's stepped weights to the mirror where they overlap it.
-  void MirrorFromShard();
   // A host copy of the whole fp32 weights (kWhole, kHost), for checkpoints.
   std::vector<float> HostData() const;
   // `host` may be the view's own place in data() when that is host memory (read in place). With
@@ -127,9 +130,15 @@ class ParamStore {
   float* mirror_ = nullptr;  // kHost, kSharded: the mirrored tensors' fp32 copies, backend memory
   float* grad_ = nullptr;
   size_t size_ = 0, mirror_size_ = 0;
-  // kSharded: the ranges kept, and where each starts in master_.
+  // kSharded: the ranges kept; the same cut where mirrored tensors begin and end, in flat order,
+  // each with where it lives (master_ or the mirror); and how much of master_ they use.
+  struct Run {
+    size_t begin, end;
+    float* at;
+  };
+  float* RunAt(size_t flat) const;  // null when `flat` is not in the shard
   std::vector<std::pair<size_t, size_t>> shard_;
-  std::vector<size_t> shard_at_;
+  std::vector<Run> runs_;
   size_t shard_size_ = 0;
   uint16_t* bf16_copy_ = nullptr;
   float* own_bf16_ = nullptr;  // kSharded: the bf16 copy's memory (backend, ceil(size / 2) floats)

@@ -314,8 +314,8 @@ void GradReducer::Plan() {
 void GradReducer::Gather(const DpBucket& b) {
   const int rank = dp_->rank(), size = dp_->size();
   if (data_ == nullptr) {
-    if (params_ == nullptr) {
-      std::fprintf(stderr, "GradReducer: gathering sharded weights needs Follow(params)\n");
+    if (params_ == nullptr || !params_->sharded()) {
+      std::fprintf(stderr, "GradReducer: a gather without fp32 weights needs a sharded store\n");
       std::abort();
     }
     dp_->Enqueue("Broadcast", comm_, [&](ncclComm_t c) {
