@@ -63,6 +63,15 @@ TEST(OptimizerTest, NonFiniteGradientsSkipTheStepAndNormsAndDecayAreMegatrons) {
   EXPECT_NEAR(params.data()[emb->offset], before[emb->offset] * (1.0f - 1e-3f) - 1e-2f, 1e-6);
 }
 
+// Rank `rank` of two in-process Gloo ranks forming one data-parallel group (rendezvous in `dir`).
+absl::StatusOr<ProcessGroups> DataParallelRank(const std::string& dir, int rank) {
+  LaunchInfo launch;
+  launch.rank = rank;
+  launch.world_size = 2;
+  launch.rendezvous_dir = dir;
+  return CreateProcessGroups(launch, {.dp = 2});
+}
+
 // The distributed optimizer over two in-process Gloo ranks against one optimizer stepping the
 // averaged gradient: each rank steps only its part of every bucket, yet after the step both hold
 // the reference's weights bit for bit, GatherState (a few elements at a time) assembles the
@@ -107,11 +116,7 @@ TEST(OptimizerTest, DistributedPartsMatchOneOptimizer) {
   size_t state[2] = {0, 0};
   double norm[2][2] = {};
   auto run = [&](int rank) {
-    LaunchInfo launch;
-    launch.rank = rank;
-    launch.world_size = 2;
-    launch.rendezvous_dir = dir;
-    absl::StatusOr<ProcessGroups> groups = CreateProcessGroups(launch, {.dp = 2});
+    absl::StatusOr<ProcessGroups> groups = DataParallelRank(dir, rank);
     ASSERT_TRUE(groups.ok()) << groups.status();
     ParamStore params(ops.get(), *layout, 0, 0, false);
     params.Initialize(5, 0.02);
@@ -196,11 +201,7 @@ TEST(OptimizerTest, ShardedMasterWeightsMatchOneOptimizer) {
   std::vector<uint16_t> low[2];
   size_t backend[2] = {0, 0}, shard[2] = {0, 0};
   auto run = [&](int rank) {
-    LaunchInfo launch;
-    launch.rank = rank;
-    launch.world_size = 2;
-    launch.rendezvous_dir = dir;
-    absl::StatusOr<ProcessGroups> groups = CreateProcessGroups(launch, {.dp = 2});
+    absl::StatusOr<ProcessGroups> groups = DataParallelRank(dir, rank);
     ASSERT_TRUE(groups.ok()) << groups.status();
     ParamStore params(ops.get(), *layout, 0, 0, false, MasterWeights::kSharded);
     params.SetShard(DpOwnedParts(oo.buckets, rank, 2));

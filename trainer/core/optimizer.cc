@@ -48,7 +48,7 @@ Optimizer::Optimizer(Ops* ops, ParamStore* params, ProcessGroups* groups,
     if (!sharded() || mine != params_->shard()) {
       std::fprintf(stderr,
                    "Optimizer: the sharded fp32 weights need the distributed optimizer over "
-                   "DP x CP > 1 and this rank's parts of the same buckets (OwnedParts)\n");
+                   "DP x CP > 1 and this rank's parts of the same buckets (DpOwnedParts)\n");
       std::abort();
     }
   }
