@@ -167,28 +167,26 @@ const ParamView* ParamStore::Find(const std::string& name) const {
   return nullptr;
 }
 
-float* ParamStore::RunAt(size_t flat) const {
+const ParamStore::Run* ParamStore::RunOf(size_t flat) const {
   auto it = std::upper_bound(runs_.begin(), runs_.end(), flat,
                              [](size_t f, const Run& r) { return f < r.begin; });
-  if (it == runs_.begin() || flat >= (it - 1)->end) return nullptr;
-  return (it - 1)->at + (flat - (it - 1)->begin);
+  return it == runs_.begin() || flat >= (it - 1)->end ? nullptr : &*(it - 1);
 }
 
 float* ParamStore::Master(size_t flat) {
   if (!sharded()) return master_ + flat;
-  float* p = RunAt(flat);
-  if (p == nullptr) {
+  const Run* r = RunOf(flat);
+  if (r == nullptr) {
     std::fprintf(stderr, "ParamStore: fp32 weight %zu is not in this rank's shard\n", flat);
     std::abort();
   }
-  return p;
+  return r->at + (flat - r->begin);
 }
 
 size_t ParamStore::MasterRunEnd(size_t flat) const {
   if (!sharded()) return size_;
-  auto it = std::upper_bound(runs_.begin(), runs_.end(), flat,
-                             [](size_t f, const Run& r) { return f < r.begin; });
-  return it == runs_.begin() || flat >= (it - 1)->end ? flat : (it - 1)->end;
+  const Run* r = RunOf(flat);
+  return r == nullptr ? flat : r->end;
 }
 
 float* ParamStore::Param(const std::string& name) {
@@ -207,10 +205,13 @@ float* ParamStore::Param(const std::string& name) {
 
 float* ParamStore::MirrorAt(size_t flat) const {
   if (mirror_ == nullptr) return nullptr;
-  for (const ParamView& v : views_)
-    if (v.mirror != ParamView::kNoMirror && v.offset <= flat && flat < v.offset + v.numel)
-      return mirror_ + v.mirror + (flat - v.offset);
-  return nullptr;
+  // The views tile the flat order (offsets ascending): the last one starting at or before it.
+  auto it = std::upper_bound(views_.begin(), views_.end(), flat,
+                             [](size_t f, const ParamView& v) { return f < v.offset; });
+  if (it == views_.begin()) return nullptr;
+  const ParamView& v = *(it - 1);
+  if (v.mirror == ParamView::kNoMirror || flat >= v.offset + v.numel) return nullptr;
+  return mirror_ + v.mirror + (flat - v.offset);
 }
 
 uint64_t ParamStore::RefreshMirror(size_t begin, size_t end) {

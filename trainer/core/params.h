@@ -136,7 +136,7 @@ class ParamStore {
     size_t begin, end;
     float* at;
   };
-  float* RunAt(size_t flat) const;  // null when `flat` is not in the shard
+  const Run* RunOf(size_t flat) const;  // null when `flat` is not in the shard
   std::vector<std::pair<size_t, size_t>> shard_;
   std::vector<Run> runs_;
   size_t shard_size_ = 0;

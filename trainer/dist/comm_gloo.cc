@@ -113,14 +113,10 @@ class GlooCommunicator final : public Communicator {
     opts.setOutput(out, n * size());
     Guard("all-to-all", [&] { gloo::alltoall(opts); });
   }
-  void Broadcast(float* data, size_t n, int root) override {
-    if (n == 0) return;
-    gloo::BroadcastOptions opts(context_);
-    opts.setOutput(data, n);
-    opts.setRoot(root);
-    Guard("broadcast", [&] { gloo::broadcast(opts); });
-  }
-  void Broadcast16(uint16_t* data, size_t n, int root) override {
+  void Broadcast(float* data, size_t n, int root) override { AnyBroadcast(data, n, root); }
+  void Broadcast16(uint16_t* data, size_t n, int root) override { AnyBroadcast(data, n, root); }
+  template <typename T>
+  void AnyBroadcast(T* data, size_t n, int root) {
     if (n == 0) return;
     gloo::BroadcastOptions opts(context_);
     opts.setOutput(data, n);

@@ -331,22 +331,21 @@ void NcclCommunicator::AllToAll(const float* in, float* out, size_t n) {
   staging.Finish();
 }
 
-void NcclCommunicator::Broadcast(float* data, size_t n, int root) {
+void NcclCommunicator::StagedBroadcast(void* data, size_t n, size_t bytes, CommType t, int root) {
   if (root < 0 || root >= size()) Misuse(absl::StrCat("Broadcast root ", root, " on ", name_));
   if (n == 0 || size() == 1) return;
   const cudaStream_t s = cuda::MainStream();
   HostStaging staging(s);
-  Broadcast(staging.Map(data, n * sizeof(float), true, true), n, CommType::kF32, root, s);
+  Broadcast(staging.Map(data, n * bytes, true, true), n, t, root, s);
   staging.Finish();
 }
 
+void NcclCommunicator::Broadcast(float* data, size_t n, int root) {
+  StagedBroadcast(data, n, sizeof(float), CommType::kF32, root);
+}
+
 void NcclCommunicator::Broadcast16(uint16_t* data, size_t n, int root) {
-  if (root < 0 || root >= size()) Misuse(absl::StrCat("Broadcast root ", root, " on ", name_));
-  if (n == 0 || size() == 1) return;
-  const cudaStream_t s = cuda::MainStream();
-  HostStaging staging(s);
-  Broadcast(staging.Map(data, n * sizeof(uint16_t), true, true), n, CommType::kBF16, root, s);
-  staging.Finish();
+  StagedBroadcast(data, n, sizeof(uint16_t), CommType::kBF16, root);
 }
 
 void NcclCommunicator::SendAsync(const float* data, size_t n, int peer, uint32_t) {

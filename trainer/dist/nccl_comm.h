@@ -123,6 +123,8 @@ class NcclCommunicator final : public Communicator {
  private:
   NcclChannel& Channel(int peer, bool send);
   void AnyAllReduce(void* data, size_t n, CommType t, ReduceOp op);
+  // Broadcast of n elements of `bytes` each, device or host memory (staged), on MainStream().
+  void StagedBroadcast(void* data, size_t n, size_t bytes, CommType t, int root);
 
   std::shared_ptr<NcclRuntime> runtime_;
   std::string name_;
