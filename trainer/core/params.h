@@ -28,8 +28,8 @@ struct ParamView {
   // Replicated across TP ranks but computed from this rank's sequence shard (sequence
   // parallelism): its gradient is all-reduced over TP.
   bool tp_partial_grad = false;
-  // With the master weights on the host: where its backend fp32 copy starts in the mirror, or
-  // kNoMirror (the model computes with its bf16 copy only).
+  // With the master weights on the host or sharded: where its backend fp32 copy starts in the
+  // mirror, or kNoMirror (the model computes with its bf16 copy only).
   static constexpr size_t kNoMirror = ~size_t{0};
   size_t mirror = kNoMirror;
 };
@@ -70,7 +70,7 @@ class ParamStore {
 
   // The fp32 weights in the flat order: backend memory, or pinned host memory with kHost; null
   // with kSharded (no rank holds them whole: Master, Optimizer::GatherMaster).
-  float* data() { return master_ == nullptr || sharded() ? nullptr : master_; }
+  float* data() { return sharded() ? nullptr : master_; }
   // The fp32 weight at flat index `flat` and those after it up to MasterRunEnd(flat) (every
   // index with kWhole and kHost; with kSharded only those in the shard, else it aborts).
   float* Master(size_t flat);
