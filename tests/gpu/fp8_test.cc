@@ -210,41 +210,49 @@ TEST_F(Fp8Test, ScaleUpdate) {
 
 // Delayed scaling against a host model of TransformerEngine's update (amax from the whole history
 // or the newest entry, the roll, history[0] cleared, the scale from it unless 0 or not finite),
-// over steps whose casts record amax values, including 0 and NaN steps.
+// over steps whose casts record amax values, including 0 and NaN steps; three tensors updated
+// by one call, each from its own row.
 TEST_F(Fp8Test, DelayedScalingHistoryFollowsTheHostModel) {
+  constexpr int kTensors = 3;
   for (const int len : {1, 4, 16}) {
     for (const bool most_recent : {false, true}) {
       SCOPED_TRACE(testing::Message()
                    << "history " << len << (most_recent ? " most_recent" : " max"));
       const Fp8Format f = Fp8Format::kE4M3;
       const float margin = 1.0f;
-      std::vector<float> h(len, 0.0f);
-      float scale = 1.0f, scale_inv = 1.0f;
-      Dev<float> dh(h), ds(std::vector<float>{scale}), dsi(std::vector<float>{scale_inv});
-      const auto amaxes = Rand(40, 175, 50.0f);
+      std::vector<float> h(kTensors * len, 0.0f), scale(kTensors, 1.0f), scale_inv(kTensors, 1.0f);
+      Dev<float> dh(h), ds(scale), dsi(scale_inv);
+      const auto amaxes = Rand(40 * kTensors, 175, 50.0f);
       for (int step = 0; step < 40; ++step) {
-        // This step's casts record their amax into history[0] (as CastToFp8's amax does).
-        float a = std::fabs(amaxes[step]);
-        if (step % 13 == 5) a = 0.0f;
-        if (step % 17 == 9) a = NAN;
-        h[0] = std::isnan(a) ? h[0] : std::max(h[0], a);
-        LT_CUDA_CHECK(cudaMemcpy(dh.get(), h.data(), sizeof(float), cudaMemcpyHostToDevice));
-        UpdateFp8DelayedScale(dh.get(), len, most_recent, ds.get(), dsi.get(), f, margin,
-                              MainStream());
-        float used = h[0];
-        if (!most_recent)
-          for (float v : h) used = std::max(used, v);
-        const float newest = h[0];
-        for (int i = 0; i + 1 < len; ++i) h[i] = h[i + 1];
-        h[len - 1] = newest;
-        h[0] = 0.0f;
-        if (used > 0.0f && std::isfinite(used)) {
-          scale = 448.0f / used / 2.0f;
-          scale_inv = 1.0f / scale;
+        for (int t = 0; t < kTensors; ++t) {
+          // This step's casts record their amax into row[0] (as CastToFp8's amax does).
+          float* row = h.data() + t * len;
+          float a = std::fabs(amaxes[step * kTensors + t]);
+          if (step % 13 == 5 + t) a = 0.0f;
+          if (step % 17 == 9 - t) a = NAN;
+          row[0] = std::isnan(a) ? row[0] : std::max(row[0], a);
+        }
+        LT_CUDA_CHECK(
+            cudaMemcpy(dh.get(), h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
+        UpdateFp8DelayedScales(dh.get(), kTensors, len, most_recent, ds.get(), dsi.get(), 1, f,
+                               margin, MainStream());
+        for (int t = 0; t < kTensors; ++t) {
+          float* row = h.data() + t * len;
+          float used = row[0];
+          if (!most_recent)
+            for (int i = 0; i < len; ++i) used = std::max(used, row[i]);
+          const float newest = row[0];
+          for (int i = 0; i + 1 < len; ++i) row[i] = row[i + 1];
+          row[len - 1] = newest;
+          row[0] = 0.0f;
+          if (used > 0.0f && std::isfinite(used)) {
+            scale[t] = 448.0f / used / 2.0f;
+            scale_inv[t] = 1.0f / scale[t];
+          }
         }
         ASSERT_EQ(dh.Download(), h) << "step " << step;
-        ASSERT_EQ(ds.Download()[0], scale) << "step " << step;
-        ASSERT_EQ(dsi.Download()[0], scale_inv) << "step " << step;
+        ASSERT_EQ(ds.Download(), scale) << "step " << step;
+        ASSERT_EQ(dsi.Download(), scale_inv) << "step " << step;
       }
     }
   }

@@ -7,7 +7,8 @@
 //                                                               dW (fp32), ldd K, accumulate)
 // so the backward reads transposed FP8 copies (CastToFp8's out_t). Each operand comes with the
 // device pointer of its dequantisation scale (1 / the scale it was cast with); the product is
-// computed in fp32 and written as bf16 or fp32. Plans are cached per shape and alignment.
+// computed in fp32 and written as bf16 (with a bias in the epilogue) or fp32. Plans are cached per
+// shape and alignment.
 #pragma once
 
 #include <cstdint>
@@ -34,17 +35,20 @@ class Fp8Matmul {
   Fp8Matmul& operator=(const Fp8Matmul&) = delete;
 
   // Column-major D[m, n] (leading dimension ldd) = a_scale_inv · b_scale_inv · Σ_k a[i, k]·b[j, k]
-  // (+ D when `accumulate`, fp32 D only), a being m rows and b n rows of K contiguous values.
-  // `fast_accum`: Hopper's faster, less precise accumulation (TransformerEngine uses it for the
-  // forward only). Two E5M2 operands are refused (cuBLASLt has no such product); so are shapes
-  // cuBLASLt cannot run (K and the leading dimensions multiples of 16).
-  void Gemm(int64_t m, int64_t n, int64_t k, const Fp8Operand& a, const Fp8Operand& b, void* d,
-            cudaDataType_t d_type, int64_t ldd, bool accumulate, bool fast_accum);
+  // (+ bias[i], bf16 D only) (+ D when `accumulate`), a being m rows and b n rows of K contiguous
+  // values. `fast_accum`: Hopper's faster, less precise accumulation (TransformerEngine uses it
+  // for the forward only). Two E5M2 operands are refused (cuBLASLt has no such product); so are
+  // shapes cuBLASLt cannot run (K and the leading dimensions multiples of 16). False, with
+  // nothing done, when cuBLASLt has no FP8 kernel with the bias epilogue for this product (seen
+  // on an H100 with cuBLAS 13): the caller adds the bias itself.
+  bool Gemm(int64_t m, int64_t n, int64_t k, const Fp8Operand& a, const Fp8Operand& b, void* d,
+            cudaDataType_t d_type, int64_t ldd, bool accumulate, bool fast_accum,
+            const bf16* bias = nullptr);
 
  private:
   struct Plan;
-  using Key =
-      std::tuple<int64_t, int64_t, int64_t, int64_t, int, int, int, bool, bool, int, int, int>;
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int, int, int, bool, bool, int, int,
+                         int, bool>;
   Plan* GetPlan(const Key& key);
 
   cublasLtHandle_t handle_ = nullptr;

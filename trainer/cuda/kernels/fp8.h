@@ -17,8 +17,8 @@ enum class Fp8Format { kE4M3, kE5M2 };
 float Fp8Max(Fp8Format f);
 
 // q = fp8(scale · x), rounded to nearest even, saturating to ±the largest finite value (infinities
-// too); NaN stays NaN. out [rows, cols] row-major; out_t (may be null) [cols, rows], its
-// transpose; amax (may be null) = max(amax, max |x|), NaN ignored. `scale` is a device pointer
+// too); NaN stays NaN. out [rows, cols] row-major; out_t [cols, rows], its transpose (either may
+// be null); amax (may be null) = max(amax, max |x|), NaN ignored. `scale` is a device pointer
 // (one float), so scales computed on the device need no host round trip.
 template <typename T>
 void CastToFp8(uint8_t* out, uint8_t* out_t, float* amax, const T* x, int64_t rows, int64_t cols,
@@ -38,12 +38,15 @@ void CastFromFp8(T* x, const uint8_t* q, size_t n, const float* scale_inv, Fp8Fo
 void ComputeFp8Scale(float* scale, float* scale_inv, const float* amax, Fp8Format format,
                      float margin, cudaStream_t s);
 
-// TransformerEngine's delayed scaling (Megatron's --fp8-recipe delayed), after a step whose casts
-// recorded their amax into history[0] (CastToFp8's amax): the scale from max(history)
-// (--fp8-amax-compute-algo max) or history[0] (most_recent), as ComputeFp8Scale; the history rolls
-// one place towards its start, the newest amax moving to its end, and history[0] is cleared for
-// the next step. `history` holds `len` floats on the device (--fp8-amax-history-len).
-void UpdateFp8DelayedScale(float* history, int len, bool most_recent, float* scale,
-                           float* scale_inv, Fp8Format format, float margin, cudaStream_t s);
+// TransformerEngine's delayed scaling (Megatron's --fp8-recipe delayed) of `count` tensors, after
+// a step whose casts recorded their amax into history[0] of their rows (CastToFp8's amax): each
+// scale from max(its row) (--fp8-amax-compute-algo max) or row[0] (most_recent), as
+// ComputeFp8Scale; each row rolls one place towards its start, the newest amax moving to its end,
+// and row[0] is cleared for the next step. `histories` holds count rows of `len` floats
+// (--fp8-amax-history-len); tensor t's scale and inverse are scales[t·stride] and
+// scale_invs[t·stride]; all on the device.
+void UpdateFp8DelayedScales(float* histories, int count, int len, bool most_recent, float* scales,
+                            float* scale_invs, int stride, Fp8Format format, float margin,
+                            cudaStream_t s);
 
 }  // namespace leantron::trainer::cuda

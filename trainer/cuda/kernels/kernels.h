@@ -161,7 +161,9 @@ void ConvertToFloat(float* out, const bf16* in, size_t n, cudaStream_t s);
 // under lazy loading (CUDA's default) a kernel's first launch may wait for the whole device,
 // which never idles while its streams wait for a peer blocked the same way.
 void LoadPeerExchangeKernels();
-void AddBias(float* out, const float* bias, int64_t rows, int64_t cols, cudaStream_t s);
+// out[r, c] += bias[c] (float, or bf16 with the sum rounded once).
+template <typename T>
+void AddBias(T* out, const T* bias, int64_t rows, int64_t cols, cudaStream_t s);
 
 // Rotary embedding (rotate-half) of the queries and keys of qkv in Megatron-Core's grouped
 // layout, in place, by the table cos/sin [positions, head_dim/2] (RopeTable; sin negated rotates

@@ -174,9 +174,10 @@ struct AddRoundedOp {
   }
 };
 
+template <typename T>
 struct AddBiasOp {
-  float* out;
-  const float* bias;
+  T* out;
+  const T* bias;
   int64_t cols;
   template <int W>
   __device__ void Apply(size_t i) const {
@@ -256,10 +257,13 @@ void LoadPeerExchangeKernels() {
   LT_CUDA_CHECK(cudaFuncGetAttributes(&attributes, MapKernel<kVec<bf16>, ConvertOp<bf16, float>>));
 }
 
-void AddBias(float* out, const float* bias, int64_t rows, int64_t cols, cudaStream_t s) {
+template <typename T>
+void AddBias(T* out, const T* bias, int64_t rows, int64_t cols, cudaStream_t s) {
   const bool vec = cols % 4 == 0 && Aligned16(out) && Aligned16(bias);
-  LaunchMap<4>(AddBiasOp{out, bias, cols}, static_cast<size_t>(rows * cols), vec, s);
+  LaunchMap<4>(AddBiasOp<T>{out, bias, cols}, static_cast<size_t>(rows * cols), vec, s);
 }
+template void AddBias<float>(float*, const float*, int64_t, int64_t, cudaStream_t);
+template void AddBias<bf16>(bf16*, const bf16*, int64_t, int64_t, cudaStream_t);
 
 #define LT_ELEMENTWISE_INSTANTIATE(T)                                                      \
   template void ConvertFromFloat<T>(T*, const float*, size_t, cudaStream_t);               \

@@ -64,7 +64,7 @@ __global__ void CastToFp8Kernel(uint8_t* out, uint8_t* out_t, float* amax, const
       const float v = ToFloat(x[r * cols + c]);
       m = fmaxf(m, fabsf(v));  // fmaxf ignores NaN
       const uint8_t q = ToFp8(v * scale, f);
-      out[r * cols + c] = q;
+      if (out != nullptr) out[r * cols + c] = q;
       tile[i][tx] = q;
     }
   }
@@ -102,8 +102,7 @@ constexpr int kVecTile = 64, kVecThreads = 16;
 
 template <typename T>
 __global__ void CastToFp8Vec4Kernel(uint8_t* out, uint8_t* out_t, float* amax, const T* x,
-                                    int64_t rows, int64_t cols, const float* scale_p,
-                                    Fp8Format f) {
+                                    int64_t rows, int64_t cols, const float* scale_p, Fp8Format f) {
   __shared__ uint8_t tile[kVecTile][kVecTile + 4];
   const float scale = *scale_p;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kVecTile,
@@ -124,7 +123,7 @@ __global__ void CastToFp8Vec4Kernel(uint8_t* out, uint8_t* out_t, float* amax, c
         tile[i][4 * tx + j] = q;
         packed |= static_cast<uint32_t>(q) << (8 * j);
       }
-      *reinterpret_cast<uint32_t*>(out + r * cols + c) = packed;
+      if (out != nullptr) *reinterpret_cast<uint32_t*>(out + r * cols + c) = packed;
     }
   }
   if (amax != nullptr) BlockMaxAbs(amax, m);
@@ -168,12 +167,16 @@ __global__ void ComputeFp8ScaleKernel(float* scale, float* scale_inv, const floa
   *scale_inv = 1.0f / sc;
 }
 
-// TransformerEngine's delayed scaling, after a step whose casts recorded their amax in
-// history[0]: amax = max(history) or history[0]; the history rolls one place towards its start
-// (history[i] = history[i + 1], the newest value moving to the end) and history[0] is cleared for
-// the next step; then the scale as ComputeFp8Scale. One thread: histories are short.
-__global__ void DelayedScaleKernel(float* history, int len, bool most_recent, float* scale,
-                                   float* scale_inv, float fp8_max, float margin) {
+// TransformerEngine's delayed scaling for `count` tensors, a thread each, after a step whose casts
+// recorded their amax in history[0] of their row: amax = max(row) or row[0]; the row rolls one
+// place towards its start (row[i] = row[i + 1], the newest value moving to the end) and row[0] is
+// cleared for the next step; then the scale as ComputeFp8Scale.
+__global__ void DelayedScaleKernel(float* histories, int count, int len, bool most_recent,
+                                   float* scales, float* scale_invs, int stride, float fp8_max,
+                                   float margin) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= count) return;
+  float* history = histories + static_cast<int64_t>(t) * len;
   float a = history[0];
   if (!most_recent)
     for (int i = 1; i < len; ++i) a = fmaxf(a, history[i]);
@@ -184,8 +187,8 @@ __global__ void DelayedScaleKernel(float* history, int len, bool most_recent, fl
   if (!(a > 0.0f) || !isfinite(a)) return;
   float sc = fp8_max / a / exp2f(margin);
   if (!isfinite(sc)) sc = 3.4028234663852886e38f;
-  *scale = sc;
-  *scale_inv = 1.0f / sc;
+  scales[int64_t{t} * stride] = sc;
+  scale_invs[int64_t{t} * stride] = 1.0f / sc;
 }
 
 template <typename T>
@@ -241,10 +244,12 @@ void ComputeFp8Scale(float* scale, float* scale_inv, const float* amax, Fp8Forma
   LT_CUDA_LAUNCH_CHECK();
 }
 
-void UpdateFp8DelayedScale(float* history, int len, bool most_recent, float* scale,
-                           float* scale_inv, Fp8Format format, float margin, cudaStream_t s) {
-  DelayedScaleKernel<<<1, 1, 0, s>>>(history, len, most_recent, scale, scale_inv, Fp8Max(format),
-                                     margin);
+void UpdateFp8DelayedScales(float* histories, int count, int len, bool most_recent, float* scales,
+                            float* scale_invs, int stride, Fp8Format format, float margin,
+                            cudaStream_t s) {
+  if (count == 0) return;
+  DelayedScaleKernel<<<CeilDiv(count, 128), 128, 0, s>>>(
+      histories, count, len, most_recent, scales, scale_invs, stride, Fp8Max(format), margin);
   LT_CUDA_LAUNCH_CHECK();
 }
 
