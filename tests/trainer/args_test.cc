@@ -62,6 +62,31 @@ TEST(ArgsTest, InconsistentSettingsAreRefusedWithOneLine) {
 #endif
 }
 
+TEST(ArgsTest, Fp8FlagsAreChecked) {
+  auto msg = [](const absl::Status& s) { return std::string(s.message()); };
+  EXPECT_TRUE(Check({"--bf16", "--fp8-format", "hybrid"}, 1).ok());
+  EXPECT_TRUE(Check({"--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "tensorwise",
+                     "--first-last-layers-bf16", "--num-layers-at-start-in-bf16", "2",
+                     "--num-layers-at-end-in-bf16", "2"},
+                    1)
+                  .ok());
+  EXPECT_EQ(msg(Check({"--fp8-format", "hybrid"}, 1)),
+            "--fp8-format needs the bf16 model on GPUs (--bf16, --ops-backend cuda)");
+  EXPECT_EQ(msg(Check({"--bf16", "--fp8-format", "e5m2"}, 1)),
+            "--fp8-format must be e4m3 or hybrid, not e5m2");
+  EXPECT_EQ(msg(Check({"--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"}, 1)),
+            "--fp8-recipe mxfp8 is not implemented (block scales); use delayed or tensorwise");
+  EXPECT_EQ(msg(Check({"--bf16", "--fp8-format", "hybrid", "--fp8-amax-compute-algo", "mean"}, 1)),
+            "--fp8-amax-compute-algo must be most_recent or max, not mean");
+  EXPECT_EQ(msg(Check({"--bf16", "--fp8-format", "hybrid", "--fp8-amax-history-len", "0"}, 1)),
+            "--fp8-amax-history-len must be in [1, 65536], not 0");
+  EXPECT_EQ(msg(Check({"--bf16", "--fp8-format", "hybrid", "--first-last-layers-bf16",
+                       "--num-layers-at-start-in-bf16", "3", "--num-layers-at-end-in-bf16", "2"},
+                      1)),
+            "--num-layers-at-start-in-bf16 3 and --num-layers-at-end-in-bf16 2 must be "
+            "non-negative and sum to at most --num-layers 4");
+}
+
 TEST(ArgsTest, ContextParallelAndTheLongContextCompanionsAreChecked) {
   auto msg = [](const absl::Status& s) { return std::string(s.message()); };
   EXPECT_TRUE(Check({"--context-parallel-size", "2"}, 2).ok());

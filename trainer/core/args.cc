@@ -180,6 +180,23 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
                "bf16 compute with fp32 main weights and gradients (cuda backend)");
   app.add_flag("--recompute-gelu", a->recompute_gelu,
                "bf16 model: keep GELU's input only and recompute its output in the backward");
+  app.add_option("--fp8-format", a->fp8_format,
+                 "bf16 model: linear layers' products in FP8: e4m3 (everywhere) or hybrid (E4M3 "
+                 "forward, E5M2 gradients)");
+  app.add_option("--fp8-recipe", a->fp8_recipe,
+                 "delayed (scales from the amax history, default) or tensorwise (each tensor's "
+                 "own amax)");
+  app.add_option("--fp8-amax-history-len", a->fp8_amax_history_len,
+                 "Delayed scaling: steps of amax history (default 1)");
+  app.add_option("--fp8-amax-compute-algo", a->fp8_amax_compute_algo,
+                 "Delayed scaling: most_recent (default) or max over the history");
+  app.add_option("--fp8-margin", a->fp8_margin, "Scales divided by 2^margin (default 0)");
+  app.add_flag("--first-last-layers-bf16", a->first_last_layers_bf16,
+               "Keep the first and last transformer layers in bf16 under --fp8-format");
+  app.add_option("--num-layers-at-start-in-bf16", a->num_layers_at_start_in_bf16,
+                 "With --first-last-layers-bf16: layers at the start kept in bf16 (default 1)");
+  app.add_option("--num-layers-at-end-in-bf16", a->num_layers_at_end_in_bf16,
+                 "With --first-last-layers-bf16: layers at the end kept in bf16 (default 1)");
   app.add_option("--normalization", a->normalization, "LayerNorm or RMSNorm");
   app.add_option("--position-embedding-type", a->position_embedding_type,
                  "learned_absolute or rope");
@@ -202,6 +219,34 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
 }
 
 namespace {
+
+// --fp8-format and its companions.
+absl::Status ValidateFp8(const TrainArgs& a) {
+  auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
+  if (a.fp8_format.empty()) return absl::OkStatus();
+  if (a.fp8_format != "e4m3" && a.fp8_format != "hybrid")
+    return bad("--fp8-format must be e4m3 or hybrid, not ", a.fp8_format);
+  if (a.fp8_recipe == "mxfp8" || a.fp8_recipe == "blockwise")
+    return bad("--fp8-recipe ", a.fp8_recipe,
+               " is not implemented (block scales); use delayed or tensorwise");
+  if (a.fp8_recipe != "delayed" && a.fp8_recipe != "tensorwise")
+    return bad("--fp8-recipe must be delayed or tensorwise, not ", a.fp8_recipe);
+  if (a.fp8_amax_compute_algo != "most_recent" && a.fp8_amax_compute_algo != "max")
+    return bad("--fp8-amax-compute-algo must be most_recent or max, not ", a.fp8_amax_compute_algo);
+  if (a.fp8_amax_history_len < 1 || a.fp8_amax_history_len > 1 << 16)
+    return bad("--fp8-amax-history-len must be in [1, 65536], not ", a.fp8_amax_history_len);
+  if (a.fp8_margin < 0 || a.fp8_margin > 64)
+    return bad("--fp8-margin must be in [0, 64], not ", a.fp8_margin);
+  if (!a.bf16 || (!a.backend.empty() && a.backend != "cuda"))
+    return bad("--fp8-format needs the bf16 model on GPUs (--bf16, --ops-backend cuda)");
+  if (a.first_last_layers_bf16 &&
+      (a.num_layers_at_start_in_bf16 < 0 || a.num_layers_at_end_in_bf16 < 0 ||
+       a.num_layers_at_start_in_bf16 + a.num_layers_at_end_in_bf16 > a.num_layers))
+    return bad("--num-layers-at-start-in-bf16 ", a.num_layers_at_start_in_bf16,
+               " and --num-layers-at-end-in-bf16 ", a.num_layers_at_end_in_bf16,
+               " must be non-negative and sum to at most --num-layers ", a.num_layers);
+  return absl::OkStatus();
+}
 
 // --context-parallel-size, --cp-comm-type and the long-context companions (which need an EOD).
 absl::Status ValidateContextParallel(const TrainArgs& a) {
@@ -272,6 +317,7 @@ absl::Status ValidateTrainArgs(TrainArgs* a) {
     return bad("--rope-scaling-factor must be positive, not ", a->rope_scaling_factor);
   const TrainArgs::Unsupported& u = a->unsupported;
   if (u.fp16) return bad("--fp16 is not implemented (loss scaling); use --bf16");
+  if (absl::Status s = ValidateFp8(*a); !s.ok()) return s;
   if (a->normalization != "LayerNorm" && a->normalization != "RMSNorm")
     return bad("--normalization must be LayerNorm or RMSNorm, not ", a->normalization);
   if (a->position_embedding_type != "learned_absolute" && a->position_embedding_type != "rope")
@@ -514,7 +560,7 @@ std::string TrainArgsToJson(const TrainArgs& a) {
       "\"virtual_pipeline_model_parallel_size\": %d, \"decoder_first_pipeline_num_layers\": %s, "
       "\"decoder_last_pipeline_num_layers\": %s, \"context_parallel_size\": %d, "
       "\"cp_comm_type\": \"%s\", \"reset_position_ids\": %s, \"reset_attention_mask\": %s, "
-      "\"eod_mask_loss\": %s, \"optimizer_cpu_offload\": %s}",
+      "\"eod_mask_loss\": %s, \"optimizer_cpu_offload\": %s, \"fp8\": %s, \"fp8_recipe\": \"%s\"}",
       a.micro_batch_size, a.global_batch_size, a.seq_length, a.train_iters, a.lr, a.min_lr,
       a.lr_decay_style, a.lr_warmup_iters, a.lr_decay_iters, a.weight_decay, a.adam_beta1,
       a.adam_beta2, a.adam_eps, a.clip_grad, a.seed, a.hidden_dropout, a.attention_dropout,
@@ -523,7 +569,9 @@ std::string TrainArgsToJson(const TrainArgs& a) {
       a.tokenizer_type, a.virtual_pipeline_size(), count(a.decoder_first_pipeline_num_layers),
       count(a.decoder_last_pipeline_num_layers), a.context_parallel_size, a.cp_comm_type,
       a.reset_position_ids ? "true" : "false", a.reset_attention_mask ? "true" : "false",
-      a.eod_mask_loss ? "true" : "false", a.optimizer_cpu_offload ? "true" : "false");
+      a.eod_mask_loss ? "true" : "false", a.optimizer_cpu_offload ? "true" : "false",
+      a.fp8_format.empty() ? std::string("null") : absl::StrCat("\"", a.fp8_format, "\""),
+      a.fp8_recipe);
 }
 
 }  // namespace leantron::trainer

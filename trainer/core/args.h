@@ -105,6 +105,11 @@ struct TrainArgs {
   bool bf16 = false;            // bf16 compute, fp32 main weights (cuda backend)
   bool recompute_gelu = false;  // bf16 model: rebuild GELU's output in the backward
   int timing_log_level = 0;     // 2: the bf16 model times every op and prints the table
+  // FP8 linear layers of the bf16 model (Megatron's names and defaults; empty format: off).
+  std::string fp8_format, fp8_recipe = "delayed", fp8_amax_compute_algo = "most_recent";
+  int fp8_amax_history_len = 1, fp8_margin = 0;
+  bool first_last_layers_bf16 = false;
+  int num_layers_at_start_in_bf16 = 1, num_layers_at_end_in_bf16 = 1;
   // Megatron flags this trainer knows but does not implement yet: parsed so the user gets a
   // sentence saying so instead of "unknown option".
   struct Unsupported {

@@ -1,13 +1,17 @@
 #include "trainer/core/checkpoint.h"
 
 #include <cstring>
+#include <filesystem>
 #include <span>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "libckpt/checkpoint_metadata.h"
 #include "libckpt/checkpoint_reader.h"
 #include "libckpt/checkpoint_source.h"
 #include "libckpt/checkpoint_writer.h"
+#include "libckpt/safetensors.h"
+#include "libckpt/safetensors_writer.h"
 
 namespace leantron::trainer {
 namespace {
@@ -29,6 +33,68 @@ std::vector<ckpt::RankTensor> Tensors(const ParamStore& params, const float* bas
     out.push_back({v.name, std::as_bytes(std::span<const float>(base + v.offset, v.numel))});
   }
   return out;
+}
+
+// FP8 scaling state: a float32 tensor per model chunk ("chunk<v>") in each (tp, pp) shard's
+// directory, loaded only into a run of the same recipe and layout (its signature).
+constexpr char kFp8StateFile[] = "fp8_state.safetensors";
+constexpr char kFp8SignatureKey[] = "leantron_fp8_scaling";
+
+std::string Fp8Signature(const TrainArgs& a, const ckpt::ParallelConfig& p) {
+  const bool ends = a.first_last_layers_bf16;
+  return absl::StrCat("format ", a.fp8_format, ", recipe ", a.fp8_recipe, ", amax history ",
+                      a.fp8_recipe == "delayed" ? a.fp8_amax_history_len : 1,
+                      ", bf16 layers at the start ", ends ? a.num_layers_at_start_in_bf16 : 0,
+                      " and end ", ends ? a.num_layers_at_end_in_bf16 : 0, ", TP ", p.tp, ", PP ",
+                      p.pp, ", VPP ", p.vpp);
+}
+
+std::string Fp8StatePath(const std::string& iteration_dir, const ckpt::ModelLayout& layout,
+                         const ProcessGroups& g) {
+  return absl::StrCat(iteration_dir, "/", layout.ShardDirName(g.coords.tp, g.coords.pp), "/",
+                      kFp8StateFile);
+}
+
+absl::Status SaveFp8State(const TrainArgs& args, const std::string& temp_dir,
+                          const ckpt::ModelLayout& layout, const ProcessGroups& g,
+                          const std::vector<StageModel*>& chunks) {
+  std::vector<std::vector<float>> states;
+  std::vector<ckpt::NamedTensorData> tensors;
+  for (const StageModel* c : chunks) states.push_back(c->Fp8State());
+  for (size_t v = 0; v < states.size(); ++v) {
+    tensors.push_back({{absl::StrCat("chunk", v), ckpt::DType::kF32, {states[v].size()}},
+                       std::as_bytes(std::span<const float>(states[v]))});
+  }
+  return ckpt::WriteSafetensors(
+      Fp8StatePath(temp_dir, layout, g), tensors,
+      {{"format", "pt"}, {kFp8SignatureKey, Fp8Signature(args, layout.parallel())}});
+}
+
+// Whether the state was there to load; an unreadable file is an error.
+absl::StatusOr<bool> LoadFp8State(const TrainArgs& args, const ckpt::ModelLayout& layout,
+                                  const ProcessGroups& g, const std::vector<StageModel*>& chunks) {
+  absl::StatusOr<std::string> dir = ckpt::ResolveIterationDir(args.load, std::nullopt);
+  if (!dir.ok()) return false;  // not the project's layout (Megatron's): no FP8 state
+  const std::string path = Fp8StatePath(*dir, layout, g);
+  if (!std::filesystem::exists(path)) return false;
+  absl::StatusOr<std::unique_ptr<ckpt::SafetensorsFile>> file = ckpt::SafetensorsFile::Open(path);
+  if (!file.ok()) return file.status();
+  bool same = false;
+  for (const auto& [key, value] : (*file)->metadata())
+    same = same || (key == kFp8SignatureKey && value == Fp8Signature(args, layout.parallel()));
+  if (!same) return false;
+  for (size_t v = 0; v < chunks.size(); ++v) {
+    std::vector<float> state = chunks[v]->Fp8State();
+    absl::StatusOr<ckpt::TensorView> t = (*file)->Get(absl::StrCat("chunk", v));
+    if (!t.ok()) return t.status();
+    if (t->info->dtype != ckpt::DType::kF32 || t->data.size() != state.size() * sizeof(float))
+      return absl::DataLossError(absl::StrCat(path, ": chunk", v, " holds ", t->data.size(),
+                                              " bytes of FP8 state, not ",
+                                              state.size() * sizeof(float)));
+    std::memcpy(state.data(), t->data.data(), t->data.size());
+    if (!state.empty()) chunks[v]->SetFp8State(state);
+  }
+  return true;
 }
 
 std::string RopeScalingText(const ckpt::RopeScaling& r) {
@@ -113,6 +179,7 @@ absl::Status CheckSameModel(const ckpt::ModelConfig& saved, const ckpt::ModelCon
 
 absl::Status SaveTrainingCheckpoint(const TrainArgs& args, const ckpt::ModelLayout& layout,
                                     ProcessGroups& groups, ParamStore& params, Optimizer& optimizer,
+                                    const std::vector<StageModel*>& chunks,
                                     const TrainPosition& position) {
   Communicator& world = *groups.world;
   std::vector<float> exp_avg, exp_avg_sq, host;
@@ -153,6 +220,8 @@ absl::Status SaveTrainingCheckpoint(const TrainArgs& args, const ckpt::ModelLayo
     }
     st =
         ckpt::WriteRankShard(temp_dir, layout, groups.coords.tp, groups.coords.pp, p, &p, &ms, &vs);
+    if (st.ok() && !args.fp8_format.empty())
+      st = SaveFp8State(args, temp_dir, layout, groups, chunks);
   }
   if (absl::Status s = AgreeOnFailure(world, st, "shard write"); !s.ok()) return s;
 
@@ -174,6 +243,7 @@ absl::Status SaveTrainingCheckpoint(const TrainArgs& args, const ckpt::ModelLayo
 
 absl::Status LoadTrainingCheckpoint(const TrainArgs& args, const ckpt::ModelLayout& layout,
                                     ProcessGroups& groups, ParamStore& params, Optimizer& optimizer,
+                                    const std::vector<StageModel*>& chunks,
                                     TrainPosition* position) {
   absl::Status st;
   std::unique_ptr<ckpt::CheckpointSource> reader;
@@ -247,6 +317,12 @@ absl::Status LoadTrainingCheckpoint(const TrainArgs& args, const ckpt::ModelLayo
     if (!st.ok()) break;
   }
   if (absl::Status s = AgreeOnFailure(*groups.world, st, "tensor read"); !s.ok()) return s;
+  if (!args.fp8_format.empty() && !args.finetune) {
+    absl::StatusOr<bool> loaded = LoadFp8State(args, layout, groups, chunks);
+    position->fp8_state_loaded = loaded.value_or(false);
+    if (absl::Status s = AgreeOnFailure(*groups.world, loaded.status(), "FP8 state read"); !s.ok())
+      return s;
+  }
   if (load_optim) {
     if (!host_state) optimizer.ScatterState(exp_avg, exp_avg_sq);
     optimizer.set_step(reader->metadata().optimizer_step);

@@ -14,6 +14,7 @@
 #include "trainer/core/args.h"
 #include "trainer/core/optimizer.h"
 #include "trainer/core/params.h"
+#include "trainer/core/stage_model.h"
 #include "trainer/dist/process_groups.h"
 
 namespace leantron::trainer {
@@ -24,16 +25,23 @@ struct TrainPosition {
   // The HF class the loaded checkpoint came from (Mistral trains as Llama does), written into the
   // checkpoints this run saves so that `convert_hf --to-hf` gives the same class back.
   ckpt::HfArchitecture hf_architecture = ckpt::HfArchitecture::kUnset;
+  // Set by a load: whether the FP8 scaling state came from the checkpoint (--fp8-format runs;
+  // a checkpoint without it, or of another recipe or layout, leaves the scaling fresh).
+  bool fp8_state_loaded = false;
 };
 
-// Collective over the world.
+// Collective over the world. With --fp8-format each (tp, pp) shard also keeps its chunks' FP8
+// scaling state (fp8_state.safetensors, beside the shard's tensors).
 absl::Status SaveTrainingCheckpoint(const TrainArgs& args, const ckpt::ModelLayout& layout,
                                     ProcessGroups& groups, ParamStore& params, Optimizer& optimizer,
+                                    const std::vector<StageModel*>& chunks,
                                     const TrainPosition& position);
 
-// Loads args.load into params (and optimizer and position unless --finetune / --no-load-optim).
+// Loads args.load into params (and optimizer and position unless --finetune / --no-load-optim),
+// and the FP8 scaling state when the checkpoint has it for this recipe and layout.
 absl::Status LoadTrainingCheckpoint(const TrainArgs& args, const ckpt::ModelLayout& layout,
                                     ProcessGroups& groups, ParamStore& params, Optimizer& optimizer,
+                                    const std::vector<StageModel*>& chunks,
                                     TrainPosition* position);
 
 }  // namespace leantron::trainer

@@ -65,6 +65,20 @@ absl::Status BuildBf16Chunks(const TrainArgs& args, ProcessGroups& g,
   bo.tp_copy_engine = !args.no_tp_copy_engine;
   bo.profile_ops = args.timing_log_level >= 2;
   bo.deterministic = args.deterministic_mode;
+  if (!args.fp8_format.empty()) {
+    cuda::Fp8Options& f = bo.fp8;
+    f.enabled = true;
+    f.hybrid = args.fp8_format == "hybrid";
+    f.delayed = args.fp8_recipe == "delayed";
+    f.amax_history_len = args.fp8_amax_history_len;
+    f.amax_most_recent = args.fp8_amax_compute_algo == "most_recent";
+    f.margin = static_cast<float>(args.fp8_margin);
+    if (args.first_last_layers_bf16) {
+      f.bf16_layers_start = args.num_layers_at_start_in_bf16;
+      f.bf16_layers_end = args.num_layers_at_end_in_bf16;
+    }
+    bo.fp8_amax_group = &g.data_parallel_with_cp();
+  }
   for (int v = 0; v < args.virtual_pipeline_size(); ++v) {
     bo.virtual_chunk = v;
     absl::StatusOr<std::unique_ptr<StageModel>> model =

@@ -166,6 +166,21 @@ std::string RankReport(const TrainArgs& args, const TrainingModel& m, const Proc
         g.world_rank, step, compute, tp_comm, wait, dp_exposed,
         step - compute - tp_comm - wait - dp_exposed);
   }
+  double fp8 = 0, casts = 0, bf16 = 0;
+  bool split = t.steady_iters > 0;
+  for (const StageModel* c : m.chunks) {
+    double f = 0, ca = 0, b = 0;
+    split = split && c->ProductTimes(&f, &ca, &b);
+    fp8 += f;
+    casts += ca;
+    bf16 += b;
+  }
+  if (split) {
+    absl::StrAppendFormat(&out,
+                          "[Rank %d] of the GPU compute, per step: FP8 products %.1f ms, FP8 casts "
+                          "%.1f ms, bf16 products %.1f ms\n",
+                          g.world_rank, fp8, casts, bf16);
+  }
   for (const auto& l : m.listeners) {
     if (std::string r = l->Report(); !r.empty())
       absl::StrAppendFormat(&out, "[Rank %d] %s\n", g.world_rank, r);

@@ -98,6 +98,15 @@ class StageModel {
   // chunk's forward and backward outside communication, and tensor-parallel communication on the
   // critical path. False when the model does not measure them.
   virtual bool StepTimes(double* compute_ms, double* tp_comm_ms) const { return false; }
+  // With FP8 products (--fp8-format): per-step GPU time of the FP8 products, the FP8 casts and
+  // the products left in bf16, measured as StepTimes is.
+  virtual bool ProductTimes(double* fp8_ms, double* fp8_cast_ms, double* bf16_ms) const {
+    return false;
+  }
+  // The FP8 scaling state a checkpoint keeps (amax histories and scales; empty without FP8
+  // layers), and setting it from one (the same size).
+  virtual std::vector<float> Fp8State() const { return {}; }
+  virtual void SetFp8State(const std::vector<float>& state) {}
 
  protected:
   template <typename F>

@@ -125,7 +125,7 @@ absl::Status Trainer::Evaluate(int64_t iteration, int64_t index) {
 absl::Status Trainer::Save(const TrainPosition& position) {
   const auto t0 = std::chrono::steady_clock::now();
   absl::Status s =
-      SaveTrainingCheckpoint(args_, *m_.layout, g_, *m_.params, *m_.optimizer, position);
+      SaveTrainingCheckpoint(args_, *m_.layout, g_, *m_.params, *m_.optimizer, m_.chunks, position);
   if (!s.ok()) return s;
   if (g_.world_rank == 0) {
     const double ms =
@@ -180,13 +180,16 @@ absl::Status Trainer::Setup(TrainPosition* pos) {
   }
 
   if (!args_.load.empty()) {
-    if (absl::Status s =
-            LoadTrainingCheckpoint(args_, *m_.layout, g_, *m_.params, *m_.optimizer, pos);
+    if (absl::Status s = LoadTrainingCheckpoint(args_, *m_.layout, g_, *m_.params, *m_.optimizer,
+                                                m_.chunks, pos);
         !s.ok())
       return s;
     if (g_.world_rank == 0)
       Print(absl::StrFormat(" loaded checkpoint from %s at iteration %d\n", args_.load,
                             pos->iteration));
+    if (g_.world_rank == 0 && !args_.fp8_format.empty() && !pos->fp8_state_loaded)
+      Print(
+          " FP8 scaling starts fresh: the checkpoint has no FP8 state of this recipe and layout\n");
   }
   if (g_.world_rank == 0) Print(ModelBanner(args_, m_, g_));
   if (!args_.tensorboard_dir.empty() && logging_rank()) {

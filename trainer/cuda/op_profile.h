@@ -17,10 +17,13 @@ namespace leantron::trainer::cuda {
 // GPU time by category, from CUDA events, summed when the next step begins (the optimizer step
 // has synchronised by then). Always on at the coarse level (compute vs tensor-parallel
 // communication, events only where the category changes), which feeds the per-rank report;
-// `detailed` (--timing-log-level 2) times every op and prints the table when it goes.
+// `detailed` (--timing-log-level 2) times every op and prints the table when it goes. With
+// `by_precision` (FP8 runs) the coarse level also keeps FP8 casts ("fp8 cast"), FP8 products (the
+// other "fp8 ..." ops) and bf16 products ("matmul ...", "recompute") apart.
 class OpProfile {
  public:
-  explicit OpProfile(bool detailed) : detailed_(detailed) {}
+  explicit OpProfile(bool detailed, bool by_precision = false)
+      : detailed_(detailed), by_precision_(by_precision) {}
   ~OpProfile() {
     Step();  // the last step's marks
     if (detailed_) {
@@ -35,13 +38,19 @@ class OpProfile {
         std::fprintf(stderr, "  %-30s %9.2f ms/step %6.1f%%\n", name.c_str(),
                      steps_ ? ms / steps_ : 0.0, total > 0 ? 100.0 * ms / total : 0.0);
       }
+      double fp8 = 0, casts = 0, bf16 = 0;
+      if (PrecisionAverages(&fp8, &casts, &bf16)) {
+        std::fprintf(stderr,
+                     "  products: FP8 %.2f ms/step, FP8 casts %.2f ms/step, bf16 %.2f ms/step\n",
+                     fp8, casts, bf16);
+      }
     }
     for (auto& e : pool_) cudaEventDestroy(e);
   }
   // Starts timing `name`; the next Begin or End closes it.
   void Begin(const char* name) {
     const bool comm = std::strstr(name, "communication") != nullptr;
-    if (!detailed_) name = comm ? kComm : kCompute;
+    if (!detailed_) name = comm ? kComm : by_precision_ ? Precision(name) : kCompute;
     if (open_ != nullptr && std::strcmp(open_, name) == 0 && !detailed_) return;  // same span
     if (open_ != nullptr) End();
     open_ = name;
@@ -70,10 +79,35 @@ class OpProfile {
     *comm_ms = comm / steps_;
     return true;
   }
+  // Per-step averages of FP8 products, FP8 casts and bf16 products (by_precision or detailed).
+  bool PrecisionAverages(double* fp8_products, double* fp8_casts, double* bf16_products) const {
+    if (steps_ <= 0 || !(by_precision_ || detailed_)) return false;
+    double sums[3] = {0, 0, 0};
+    for (const auto& [name, ms] : totals_) {
+      const char* p = Precision(name.c_str());
+      if (p == kFp8Products) sums[0] += ms;
+      if (p == kFp8Casts) sums[1] += ms;
+      if (p == kBf16Products) sums[2] += ms;
+    }
+    *fp8_products = sums[0] / steps_;
+    *fp8_casts = sums[1] / steps_;
+    *bf16_products = sums[2] / steps_;
+    return true;
+  }
 
  private:
   static constexpr const char* kCompute = "compute";
   static constexpr const char* kComm = "tensor-parallel communication";
+  static constexpr const char* kFp8Products = "fp8 products";
+  static constexpr const char* kFp8Casts = "fp8 casts";
+  static constexpr const char* kBf16Products = "bf16 products";
+  static const char* Precision(const char* name) {
+    auto starts = [name](const char* p) { return std::strncmp(name, p, std::strlen(p)) == 0; };
+    if (starts("fp8 cast")) return kFp8Casts;
+    if (starts("fp8 ")) return kFp8Products;
+    if (starts("matmul") || starts("recompute") || starts(kBf16Products)) return kBf16Products;
+    return kCompute;
+  }
   struct Mark {
     const char* name;
     cudaEvent_t start, end;
@@ -99,7 +133,7 @@ class OpProfile {
     marks_.clear();
     used_ = 0;
   }
-  bool detailed_;
+  bool detailed_, by_precision_;
   const char* open_ = nullptr;
   std::vector<cudaEvent_t> pool_;
   size_t used_ = 0;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "trainer/cuda/device_memory.h"
+#include "trainer/cuda/fp8_products.h"
 #include "trainer/cuda/kernels/kernels.h"
 #include "trainer/cuda/matmul.h"
 #include "trainer/cuda/nn/flash_attention.h"
@@ -47,6 +48,32 @@ class Bf16Model final : public StageModel {
   bool StepTimes(double* compute_ms, double* tp_comm_ms) const override {
     return prof_.Averages(compute_ms, tp_comm_ms);
   }
+  bool ProductTimes(double* fp8_ms, double* fp8_cast_ms, double* bf16_ms) const override {
+    return fp8_ != nullptr && prof_.PrecisionAverages(fp8_ms, fp8_cast_ms, bf16_ms);
+  }
+  // The scaling state, and one float more: 1 when the scales have moved on for the current
+  // weights already (an evaluation after the step did it), so that a resumed run does not move
+  // them twice.
+  std::vector<float> Fp8State() const override {
+    if (!fp8_scaling_) return {};
+    std::vector<float> state(fp8_scaling_->state_floats() + 1);
+    LT_CUDA_CHECK(cudaMemcpyAsync(state.data(), fp8_scaling_->state(),
+                                  fp8_scaling_->state_floats() * sizeof(float),
+                                  cudaMemcpyDeviceToHost, MainStream()));
+    LT_CUDA_CHECK(cudaStreamSynchronize(MainStream()));
+    state.back() = fp8_version_ == params_->weights_version() ? 1.0f : 0.0f;
+    return state;
+  }
+  // After the load has written the weights.
+  void SetFp8State(const std::vector<float>& state) override {
+    if (!fp8_scaling_ || state.size() != fp8_scaling_->state_floats() + 1)
+      Die("Bf16Model::SetFp8State", "FP8 state of another size", __FILE__, __LINE__);
+    LT_CUDA_CHECK(cudaMemcpyAsync(fp8_scaling_->state(), state.data(),
+                                  fp8_scaling_->state_floats() * sizeof(float),
+                                  cudaMemcpyHostToDevice, MainStream()));
+    LT_CUDA_CHECK(cudaStreamSynchronize(MainStream()));
+    if (state.back() == 1.0f) fp8_version_ = params_->weights_version();
+  }
 
  private:
   // One micro-batch in flight.
@@ -84,6 +111,9 @@ class Bf16Model final : public StageModel {
   DeviceMemory memory_;
   OpProfile prof_;
   Matmul mm_;
+  // FP8 layers' state and products (--fp8-format; null when no layer of the chunk is FP8).
+  std::unique_ptr<Fp8Scaling> fp8_scaling_;
+  std::unique_ptr<Fp8Products> fp8_;
   std::unique_ptr<TensorParallel> tp_;
   std::unique_ptr<CoreAttention> attention_;
   ModuleContext ctx_;
@@ -95,6 +125,7 @@ class Bf16Model final : public StageModel {
   bf16* w16_ = nullptr;
   bool owns_w16_ = false;
   uint64_t w16_version_ = 0;  // ParamStore::weights_version() it reflects
+  uint64_t fp8_version_ = 0;  // the weights version the FP8 scales last moved on for
   StageTensors<bf16> stage_;  // embeddings, final norm, output layer (bf16 copy)
 
   std::vector<TransformerLayer> layers_;
@@ -118,7 +149,7 @@ Bf16Model::Bf16Model(const ckpt::ModelLayout& layout, ParamStore* params,
       params_(params),
       opt_(options),
       spec_(ModelSpecFromConfig(layout.config(), layout.padded_vocab_size())),
-      prof_(options.profile_ops),
+      prof_(options.profile_ops, options.fp8.enabled),
       mm_(/*tune=*/!options.deterministic),
       attention_(std::move(attention)) {
   const ckpt::ParallelConfig& p = layout.parallel();
@@ -220,13 +251,28 @@ Bf16Model::Bf16Model(const ckpt::ModelLayout& layout, ParamStore* params,
   ctx_.linear.bias_grad = memory_.Alloc<float>(widest);
   ctx_.attn_workspace = memory_.Alloc<char>(attention_->workspace_bytes());
 
+  // FP8 layers: all but --num-layers-at-start/end-in-bf16 at the model's ends.
+  const int num_layers = static_cast<int>(spec_.layers.size());
+  auto fp8_layer = [&](int i) {
+    return opt_.fp8.enabled && i >= opt_.fp8.bf16_layers_start &&
+           i < num_layers - opt_.fp8.bf16_layers_end;
+  };
+  int fp8_layers = 0;
+  for (int i = first; i < last; ++i) fp8_layers += fp8_layer(i);
+  if (fp8_layers > 0) {
+    fp8_scaling_ = std::make_unique<Fp8Scaling>(opt_.fp8, 4 * fp8_layers, &memory_);
+    fp8_ =
+        std::make_unique<Fp8Products>(fp8_scaling_.get(), n, std::max({h, attn_width, act_width}),
+                                      std::max({h, qkv_width, ffn}), &memory_);
+    ctx_.linear.fp8 = fp8_.get();
+  }
   const int recompute = std::min(opt_.model.recompute_layers, last - first);
   layers_.reserve(last - first);
   for (int i = first; i < last; ++i) {
     LayerTensors<bf16> w;
     BindLayerTensors(&w, i, w16, f32, grad);
     layers_.emplace_back(ctx_, spec_.layers[i], ShardOf(spec_.layers[i], tp_size), attention_.get(),
-                         w, i - first < recompute);
+                         w, i - first < recompute, fp8_layer(i));
   }
   if (first_stage_) {
     embedding_ = std::make_unique<Embedding>(ctx_, h, vocab_l, stage_.word_emb, stage_.pos_emb,
@@ -324,6 +370,12 @@ void Bf16Model::BeginStep() {
       ConvertFromFloat<bf16>(w16_, params_->data(), params_->size(), MainStream());
     w16_version_ = params_->weights_version();
   }
+  // New weights: delayed scales move on once per version, and each FP8 weight is cast again at its
+  // next use.
+  if (fp8_scaling_ && params_->weights_version() != fp8_version_) {
+    fp8_scaling_->NewWeights(AsNccl(opt_.fp8_amax_group));
+    fp8_version_ = params_->weights_version();
+  }
   if (head_) head_->BeginStep();
 }
 
@@ -344,6 +396,7 @@ float Bf16Model::Forward(int slot, const MicroBatch& mb, const float* input) {
   LT_CUDA_CHECK(cudaMemcpyAsync(s.labels, s.host_ids + n, n * sizeof(int32_t),
                                 cudaMemcpyHostToDevice, MainStream()));
   LT_CUDA_CHECK(cudaEventRecord(s.ids_copied, MainStream()));
+  if (fp8_) fp8_->set_record(mb.training);  // evaluations leave the amax histories alone
   Notify([](ModelEvents& e) { e.WeightsNeeded(-1); });
   if (first_stage_) {
     embedding_->Forward(s.tokens, s.x[0], Drop(s, -1, 0));
@@ -453,6 +506,21 @@ absl::Status Bf16Supported(const ckpt::ModelLayout& layout, const Bf16Options& o
   if (options.model.sequence_parallel &&
       (options.model.micro_batch * options.model.seq_length) % p.tp != 0)
     return no("sequence parallelism needs micro-batch x sequence divisible by TP");
+  if (options.fp8.enabled) {
+    // cuBLASLt's FP8 products reduce over, and lay out, every one of these dimensions.
+    const int64_t kv = c.kv_channels;
+    const std::pair<const char*, int64_t> dims[] = {
+        {"the hidden size", c.hidden_size},
+        {"the attention width per TP rank", c.num_attention_heads * kv / p.tp},
+        {"the query/key/value width per TP rank",
+         (c.num_attention_heads + 2 * c.num_query_groups) * kv / p.tp},
+        {"the MLP width per TP rank", c.ffn_hidden_size / p.tp},
+        {"micro-batch x sequence", options.model.micro_batch * options.model.seq_length}};
+    for (const auto& [what, v] : dims) {
+      if (v % 16 != 0)
+        return no("FP8 products (--fp8-format) need ", what, " to be a multiple of 16, not ", v);
+    }
+  }
   return absl::OkStatus();
 }
 

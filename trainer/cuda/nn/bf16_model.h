@@ -21,6 +21,7 @@
 #include "libckpt/layout.h"
 #include "trainer/core/params.h"
 #include "trainer/core/stage_model.h"
+#include "trainer/cuda/fp8_options.h"
 #include "trainer/dist/comm.h"
 
 namespace leantron::trainer::cuda {
@@ -47,6 +48,10 @@ struct Bf16Options {
   // Time every op category on the device and print the table when the model goes
   // (--timing-log-level 2); the coarse split (compute, TP communication) is always measured.
   bool profile_ops = false;
+  // FP8 linear layers (--fp8-format), and the group whose ranks' amaxes are reduced so that
+  // their delayed scales agree (data-parallel with context-parallel; null: none).
+  Fp8Options fp8;
+  Communicator* fp8_amax_group = nullptr;
 };
 
 // Why the bf16 model cannot run this configuration, or OK.

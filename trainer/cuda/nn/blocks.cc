@@ -39,15 +39,15 @@ bf16* Norm::Backward(bf16* dx, const bf16* dout, const bf16* dresidual, const bf
 
 AttentionBlock::AttentionBlock(const ModuleContext& ctx, const LayerSpec& spec,
                                const LayerShard& shard, CoreAttention* core,
-                               const LayerTensors<bf16>& w)
+                               const LayerTensors<bf16>& w, bool fp8)
     : ctx_(ctx),
       core_(core),
       shard_(shard),
       grouped_(!spec.attention.interleaved_mha()),
       rope_(spec.attention.rope),
-      qkv_(ctx.linear, spec.hidden, shard.qkv_width, w.qkv_w, w.qkv_b, w.d_qkv_w, w.d_qkv_b),
+      qkv_(ctx.linear, spec.hidden, shard.qkv_width, w.qkv_w, w.qkv_b, w.d_qkv_w, w.d_qkv_b, fp8),
       proj_(ctx.linear, ctx.row_out, shard.attn_width, spec.hidden, w.proj_w, w.proj_b, w.d_proj_w,
-            w.d_proj_b) {}
+            w.d_proj_b, fp8) {}
 
 RowParallelOutput AttentionBlock::Forward(bf16* in, const Acts& a) const {
   if (!grouped_) {
@@ -80,14 +80,14 @@ void AttentionBlock::Backward(bf16* dout, const bf16* in, const Acts& a, bf16* d
 }
 
 MlpBlock::MlpBlock(const ModuleContext& ctx, const LayerSpec& spec, const LayerShard& shard,
-                   const LayerTensors<bf16>& w)
+                   const LayerTensors<bf16>& w, bool fp8)
     : ctx_(ctx),
       ffn_(shard.ffn),
       tanh_(spec.mlp.activation == ckpt::Activation::kGeluTanh),
       gated_(spec.mlp.gated()),
-      fc1_(ctx.linear, spec.hidden, shard.fc1_width, w.fc1_w, w.fc1_b, w.d_fc1_w, w.d_fc1_b),
-      fc2_(ctx.linear, ctx.row_out, shard.ffn, spec.hidden, w.fc2_w, w.fc2_b, w.d_fc2_w,
-           w.d_fc2_b) {}
+      fc1_(ctx.linear, spec.hidden, shard.fc1_width, w.fc1_w, w.fc1_b, w.d_fc1_w, w.d_fc1_b, fp8),
+      fc2_(ctx.linear, ctx.row_out, shard.ffn, spec.hidden, w.fc2_w, w.fc2_b, w.d_fc2_w, w.d_fc2_b,
+           fp8) {}
 
 RowParallelOutput MlpBlock::Forward(bf16* in, const Acts& a) const {
   if (gated_) {  // fc1 = [gate | up] on this rank

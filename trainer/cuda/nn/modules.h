@@ -87,7 +87,7 @@ class AttentionBlock {
     float* stats = nullptr;  // [B, heads, T] log-sum-exp
   };
   AttentionBlock(const ModuleContext& ctx, const LayerSpec& spec, const LayerShard& shard,
-                 CoreAttention* core, const LayerTensors<bf16>& w);
+                 CoreAttention* core, const LayerTensors<bf16>& w, bool fp8 = false);
   // `in`: the norm's output, all rows (under SP this rank's present; gathered on the way).
   RowParallelOutput Forward(bf16* in, const Acts& a) const;
   // din (all rows buffer, this rank's rows TP-reduced) from the output gradient `dout` (all rows;
@@ -109,7 +109,7 @@ class MlpBlock {
     bf16 *pre = nullptr, *act = nullptr;  // fc1's output and the activation's, all rows
   };
   MlpBlock(const ModuleContext& ctx, const LayerSpec& spec, const LayerShard& shard,
-           const LayerTensors<bf16>& w);
+           const LayerTensors<bf16>& w, bool fp8 = false);
   RowParallelOutput Forward(bf16* in, const Acts& a) const;
   // Rebuilds a.act from a.pre (GELU recomputation).
   void RecomputeActivation(const Acts& a) const;

@@ -4,15 +4,15 @@ namespace leantron::trainer::cuda {
 
 TransformerLayer::TransformerLayer(const ModuleContext& ctx, const LayerSpec& spec,
                                    const LayerShard& shard, CoreAttention* core,
-                                   const LayerTensors<bf16>& w, bool recompute)
+                                   const LayerTensors<bf16>& w, bool recompute, bool fp8)
     : ctx_(ctx),
       w_(w),
       shard_(shard),
       recompute_(recompute),
       input_norm_(ctx, spec.input_norm, spec.hidden, w.ln1_w, w.ln1_b, w.d_ln1_w, w.d_ln1_b),
       pre_mlp_norm_(ctx, spec.pre_mlp_norm, spec.hidden, w.ln2_w, w.ln2_b, w.d_ln2_w, w.d_ln2_b),
-      attention_(ctx, spec, shard, core, w),
-      mlp_(ctx, spec, shard, w) {}
+      attention_(ctx, spec, shard, core, w, fp8),
+      mlp_(ctx, spec, shard, w, fp8) {}
 
 TransformerLayer::Acts TransformerLayer::MakeActs(bf16* shared_act, bf16* shared_norm,
                                                   bf16* shared_pre) const {

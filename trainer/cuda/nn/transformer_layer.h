@@ -28,8 +28,10 @@ class TransformerLayer {
     AttentionBlock::Acts attention;
     MlpBlock::Acts mlp;
   };
+  // `fp8`: the layer's four linear layers multiply in FP8 (ctx.linear.fp8).
   TransformerLayer(const ModuleContext& ctx, const LayerSpec& spec, const LayerShard& shard,
-                   CoreAttention* core, const LayerTensors<bf16>& w, bool recompute);
+                   CoreAttention* core, const LayerTensors<bf16>& w, bool recompute,
+                   bool fp8 = false);
   const LayerTensors<bf16>& tensors() const { return w_; }
   int global_index() const { return w_.global_index; }
   bool recompute() const { return recompute_; }

@@ -1,8 +1,41 @@
 #include "trainer/cuda/parallel/tp_linear.h"
 
+#include <map>
+#include <mutex>
+#include <string>
+
 #include "trainer/cuda/kernels/kernels.h"
 
 namespace leantron::trainer::cuda {
+
+const char* Fp8OpName(const char* op) {
+  static std::mutex mu;
+  static std::map<std::string, std::string> names;  // nodes stay put: c_str() stays valid
+  std::lock_guard<std::mutex> lock(mu);
+  auto [it, added] = names.try_emplace(op, std::string("fp8 ") + op);
+  return it->second.c_str();
+}
+
+void ColumnParallelLinear::ForwardFp8(const char* op, bf16* in, bf16* pre, bf16* out,
+                                      bool gather) const {
+  TensorParallel& tp = *ctx_.tp;
+  OpProfile& prof = *ctx_.prof;
+  if (gather && tp.sequence_parallel()) {
+    prof.Begin("tensor-parallel communication");
+    tp.GatherRows(in);
+  }
+  const int64_t rows = tp.rows().rows;
+  Fp8Products& f = *ctx_.fp8;
+  prof.Begin("fp8 cast");
+  f.PrepareWeight(fp8_, w_, n_, k_);
+  f.CastInput(fp8_, in, rows, k_);
+  prof.Begin(Fp8OpName(op));
+  f.Forward(fp8_, pre, b_, 0, rows, k_, n_);
+  if (out != nullptr) {
+    prof.Begin("gelu");
+    GeluForward<bf16>(out, pre, static_cast<size_t>(rows * n_), /*tanh_approx=*/true, MainStream());
+  }
+}
 
 void WeightGrad(const LinearContext& ctx, float* dw, float* db, const bf16* dout, const bf16* in,
                 int64_t k, int64_t n) {
@@ -16,18 +49,21 @@ void WeightGrad(const LinearContext& ctx, float* dw, float* db, const bf16* dout
 }
 
 void ColumnParallelLinear::Forward(const char* op, bf16* in, bf16* out) const {
+  if (fp8_.linear >= 0) return ForwardFp8(op, in, out, nullptr, /*gather=*/true);
   ctx_.tp->GatherRun(in, op, [&](int64_t r0, int64_t rows) {
     ctx_.mm->Forward(out + r0 * n_, in + r0 * k_, w_, b_, rows, k_, n_);
   });
 }
 
 void ColumnParallelLinear::ForwardGelu(const char* op, bf16* in, bf16* pre, bf16* out) const {
+  if (fp8_.linear >= 0) return ForwardFp8(op, in, pre, out, /*gather=*/true);
   ctx_.tp->GatherRun(in, op, [&](int64_t r0, int64_t rows) {
     ctx_.mm->ForwardGelu(out + r0 * n_, pre + r0 * n_, in + r0 * k_, w_, b_, rows, k_, n_);
   });
 }
 
 void ColumnParallelLinear::ForwardAgain(const char* op, const bf16* in, bf16* out) const {
+  if (fp8_.linear >= 0) return ForwardFp8(op, const_cast<bf16*>(in), out, nullptr, false);
   ctx_.tp->RunBlocks(op, [&](int64_t r0, int64_t rows) {
     ctx_.mm->Forward(out + r0 * n_, in + r0 * k_, w_, b_, rows, k_, n_);
   });
@@ -35,6 +71,7 @@ void ColumnParallelLinear::ForwardAgain(const char* op, const bf16* in, bf16* ou
 
 void ColumnParallelLinear::ForwardGeluAgain(const char* op, const bf16* in, bf16* pre,
                                             bf16* out) const {
+  if (fp8_.linear >= 0) return ForwardFp8(op, const_cast<bf16*>(in), pre, out, false);
   ctx_.tp->RunBlocks(op, [&](int64_t r0, int64_t rows) {
     ctx_.mm->ForwardGelu(out + r0 * n_, pre + r0 * n_, in + r0 * k_, w_, b_, rows, k_, n_);
   });
@@ -49,23 +86,38 @@ void ColumnParallelLinear::Backward(const char* op, const bf16* dout, const bf16
   const RowGeometry& g = tp.rows();
   OpProfile& prof = *ctx_.prof;
   Matmul& mm = *ctx_.mm;
+  Fp8Products* f = fp8_.linear >= 0 ? ctx_.fp8 : nullptr;
+  if (f != nullptr) {
+    prof.Begin("fp8 cast");
+    f->CastGrad(fp8_, dout, g.rows, n_);
+    op = Fp8OpName(op);
+  }
   prof.Begin(op);
-  auto weight_grad = [&] { WeightGrad(ctx_, dw_, db_, dout, in, k_, n_); };
+  auto weight_grad = [&] {
+    if (f == nullptr) return WeightGrad(ctx_, dw_, db_, dout, in, k_, n_);
+    f->BackwardWeight(fp8_, dw_, in, g.rows, k_, n_);
+    if (db_ != nullptr)
+      ColumnSumAccumulate<bf16>(db_, dout, g.rows, n_, ctx_.scratch, MainStream());
+  };
+  // din's rows [r0, r0 + rows) from dout's (+= with `accumulate`).
+  auto dgrad = [&](int64_t r0, int64_t rows, bool accumulate) {
+    if (f != nullptr) return f->BackwardData(fp8_, din, r0, rows, k_, n_, accumulate);
+    mm.BackwardData(din + r0 * k_, dout + r0 * n_, w_, rows, k_, n_, accumulate);
+  };
   if (PeerExchange* exchange = tp.exchange(); exchange != nullptr && tp.size() == 2) {
     const int peer = 1 - tp.rank();
     const size_t count = static_cast<size_t>(g.local_rows * k_);
-    mm.BackwardData(din + peer * count, dout + peer * g.local_rows * n_, w_, g.local_rows, k_, n_);
+    dgrad(peer * g.local_rows, g.local_rows, false);
     exchange->Send(din + peer * count, count * sizeof(bf16), MainStream());
     weight_grad();
     prof.Begin("tensor-parallel communication");
     exchange->Receive(tp.LocalRows(din), count * sizeof(bf16), MainStream());
     prof.Begin(op);
-    mm.BackwardData(tp.LocalRows(din), dout + tp.rank() * g.local_rows * n_, w_, g.local_rows, k_,
-                    n_, /*accumulate=*/true);
+    dgrad(tp.rank() * g.local_rows, g.local_rows, /*accumulate=*/true);
     exchange->WaitSent(MainStream());
     return;
   }
-  mm.BackwardData(din, dout, w_, g.rows, k_, n_);
+  dgrad(0, g.rows, false);
   tp.ReduceRows(din, tp.LocalRows(din), /*wait=*/false);
   prof.Begin(op);
   weight_grad();
@@ -77,10 +129,18 @@ RowParallelOutput RowParallelLinear::Forward(const char* op, const bf16* in) con
   const RowGeometry& g = tp.rows();
   // The bias is added once (TP rank 0) before the partial sums are reduced.
   const bf16* bias = tp.rank() == 0 ? b_ : nullptr;
+  OpProfile& prof = *ctx_.prof;
+  Fp8Products* f = fp8_.linear >= 0 ? ctx_.fp8 : nullptr;
+  if (f != nullptr) {
+    prof.Begin("fp8 cast");
+    f->PrepareWeight(fp8_, w_, n_, k_);
+    f->CastInput(fp8_, in, g.rows, k_);
+    op = Fp8OpName(op);
+  }
   auto gemm = [&](int64_t r0, int64_t rows) {
+    if (f != nullptr) return f->Forward(fp8_, out_.partial, bias, r0, rows, k_, n_);
     ctx_.mm->Forward(out_.partial + r0 * n_, in + r0 * k_, w_, bias, rows, k_, n_);
   };
-  OpProfile& prof = *ctx_.prof;
   prof.Begin(op);
   if (out_.peer == nullptr) {
     gemm(0, g.rows);
@@ -108,8 +168,37 @@ RowParallelOutput RowParallelLinear::Forward(const char* op, const bf16* in) con
   return {out_.local, out_.peer};
 }
 
+void RowParallelLinear::BackwardFp8(const char* op, bf16* dout, const bf16* in, bf16* din,
+                                    const bf16* gelu_pre) const {
+  TensorParallel& tp = *ctx_.tp;
+  const RowGeometry& g = tp.rows();
+  OpProfile& prof = *ctx_.prof;
+  Fp8Products& f = *ctx_.fp8;
+  if (db_ != nullptr) {  // under SP from this rank's rows (summed over TP by the optimizer)
+    prof.Begin(Fp8OpName(op));
+    const bool sp = tp.sequence_parallel();
+    ColumnSumAccumulate<bf16>(db_, sp ? tp.LocalRows(dout) : dout, sp ? g.local_rows : g.rows, n_,
+                              ctx_.scratch, MainStream());
+  }
+  if (tp.sequence_parallel()) {
+    prof.Begin("tensor-parallel communication");
+    tp.GatherRows(dout);
+  }
+  prof.Begin("fp8 cast");
+  f.CastGrad(fp8_, dout, g.rows, n_);
+  prof.Begin(Fp8OpName(op));
+  f.BackwardWeight(fp8_, dw_, in, g.rows, k_, n_);
+  f.BackwardData(fp8_, din, 0, g.rows, k_, n_);
+  if (gelu_pre != nullptr) {
+    prof.Begin("gelu");
+    GeluBackward<bf16>(din, din, gelu_pre, static_cast<size_t>(g.rows * k_), /*tanh_approx=*/true,
+                       MainStream());
+  }
+}
+
 void RowParallelLinear::Backward(const char* op, bf16* dout, const bf16* in, bf16* din,
                                  const bf16* gelu_pre) const {
+  if (fp8_.linear >= 0) return BackwardFp8(op, dout, in, din, gelu_pre);
   TensorParallel& tp = *ctx_.tp;
   const RowGeometry& g = tp.rows();
   auto dgrad = [&](int64_t r0, int64_t rows) {

@@ -12,12 +12,16 @@
 //     multiplied as it arrives.
 // Rows are the micro-batch's tokens; "all rows" buffers hold every token, with this rank's rows
 // (TensorParallel::LocalRows) in place under SP.
+// A layer given an FP8 weight (fp8_products.h) multiplies in FP8: its input and output gradient
+// are cast whole, so under SP the rows are gathered first and the gather is not overlapped with
+// the product (the peer exchanges on two GPUs still are).
 #pragma once
 
 #include <cstdint>
 #include <functional>
 
 #include "trainer/cuda/cuda_util.h"
+#include "trainer/cuda/fp8_products.h"
 #include "trainer/cuda/matmul.h"
 #include "trainer/cuda/op_profile.h"
 #include "trainer/cuda/parallel/tensor_parallel.h"
@@ -32,6 +36,7 @@ struct LinearContext {
   OpProfile* prof = nullptr;
   float* bias_grad = nullptr;  // [widest output], the epilogue's bias gradient before it is added
   Scratch scratch;             // ColumnSumAccumulate's partial sums
+  Fp8Products* fp8 = nullptr;  // the FP8 products (--fp8-format), null without
 };
 
 // A row-parallel output: this rank's rows of the sum are `local` plus `addend` (null when `local`
@@ -50,9 +55,12 @@ struct RowParallelBuffers {
 
 class ColumnParallelLinear {
  public:
+  // With `fp8` the products run in FP8 (ctx.fp8 gives the weight its FP8 copy).
   ColumnParallelLinear(const LinearContext& ctx, int64_t k, int64_t n, const bf16* w, const bf16* b,
-                       float* dw, float* db)
-      : ctx_(ctx), k_(k), n_(n), w_(w), b_(b), dw_(dw), db_(db) {}
+                       float* dw, float* db, bool fp8 = false)
+      : ctx_(ctx), k_(k), n_(n), w_(w), b_(b), dw_(dw), db_(db) {
+    if (fp8) fp8_ = ctx.fp8->NewWeight(n, k);
+  }
   // out [rows, n] = in · Wᵀ + b; `in` is all rows (under SP only this rank's are present yet: the
   // ring gathers the rest in place).
   void Forward(const char* op, bf16* in, bf16* out) const;
@@ -67,17 +75,24 @@ class ColumnParallelLinear {
   void Backward(const char* op, const bf16* dout, const bf16* in, bf16* din) const;
 
  private:
+  // The FP8 forward: `in` gathered whole when `gather` (under SP), pre = in · Wᵀ + b, and with
+  // `out` tanh GELU of it.
+  void ForwardFp8(const char* op, bf16* in, bf16* pre, bf16* out, bool gather) const;
+
   const LinearContext& ctx_;
   int64_t k_, n_;
   const bf16 *w_, *b_;
   float *dw_, *db_;
+  Fp8Weight fp8_;  // linear < 0: bf16 products
 };
 
 class RowParallelLinear {
  public:
   RowParallelLinear(const LinearContext& ctx, const RowParallelBuffers& out, int64_t k, int64_t n,
-                    const bf16* w, const bf16* b, float* dw, float* db)
-      : ctx_(ctx), out_(out), k_(k), n_(n), w_(w), b_(b), dw_(dw), db_(db) {}
+                    const bf16* w, const bf16* b, float* dw, float* db, bool fp8 = false)
+      : ctx_(ctx), out_(out), k_(k), n_(n), w_(w), b_(b), dw_(dw), db_(db) {
+    if (fp8) fp8_ = ctx.fp8->NewWeight(n, k);
+  }
   // Σ_TP in · Wᵀ (+ b, added once by TP rank 0), `in` [rows, k] all rows.
   RowParallelOutput Forward(const char* op, const bf16* in) const;
   // din [rows, k] = dout · W (with `gelu_pre`, times tanh GELU's derivative at it, in the
@@ -87,12 +102,19 @@ class RowParallelLinear {
                 const bf16* gelu_pre = nullptr) const;
 
  private:
+  void BackwardFp8(const char* op, bf16* dout, const bf16* in, bf16* din,
+                   const bf16* gelu_pre) const;
+
   const LinearContext& ctx_;
   const RowParallelBuffers& out_;
   int64_t k_, n_;
   const bf16 *w_, *b_;
   float *dw_, *db_;
+  Fp8Weight fp8_;
 };
+
+// "fp8 " + op, a string that lives as long as the process (the profile keeps op names).
+const char* Fp8OpName(const char* op);
 
 // dW += doutᵀ·in and db += Σ_rows dout over all rows (db may be null): the bias gradient from
 // cuBLASLt's epilogue when it has one for this shape, else a column-sum kernel.

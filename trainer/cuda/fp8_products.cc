@@ -1,0 +1,131 @@
+#include "trainer/cuda/fp8_products.h"
+
+#include "trainer/cuda/kernels/kernels.h"
+#include "trainer/dist/nccl_comm.h"
+
+namespace leantron::trainer::cuda {
+
+Fp8Scaling::Fp8Scaling(const Fp8Options& options, int linears, DeviceMemory* memory)
+    : opt_(options), linears_(linears), len_(options.delayed ? options.amax_history_len : 1) {
+  const int64_t tensors = int64_t{3} * linears_;
+  histories_ = memory->Alloc<float>(state_floats());
+  // The slots start at a multiple of 16 bytes (cudaMalloc's memory is 256-byte aligned).
+  const int64_t slot_floats = (tensors * len_ + kSlot - 1) / kSlot * kSlot;
+  slots_ = histories_ + slot_floats;
+  // Scales start at 1, as TransformerEngine's do (the first delayed step casts unscaled).
+  std::vector<float> slots(tensors * kSlot, 0.0f);
+  for (int64_t t = 0; t < tensors; ++t) slots[t * kSlot] = slots[t * kSlot + 1] = 1.0f;
+  LT_CUDA_CHECK(cudaMemcpyAsync(slots_, slots.data(), slots.size() * sizeof(float),
+                                cudaMemcpyHostToDevice, MainStream()));
+  LT_CUDA_CHECK(cudaStreamSynchronize(MainStream()));
+}
+
+int Fp8Scaling::AddLinear() {
+  if (added_ >= linears_) Die("Fp8Scaling", "more linear layers than counted", __FILE__, __LINE__);
+  return added_++;
+}
+
+template <typename T>
+void Fp8Scaling::Cast(int linear, Kind k, const T* x, int64_t rows, int64_t cols, uint8_t* out,
+                      uint8_t* out_t, bool record) const {
+  const int64_t t = Index(linear, k);
+  float* amax = histories_ + t * len_;
+  if (!opt_.delayed) {
+    LT_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), MainStream()));
+    AbsMax<T>(amax, x, static_cast<size_t>(rows * cols), MainStream());
+    ComputeFp8Scale(Scale(t), ScaleInv(t), amax, format(k), opt_.margin, MainStream());
+    record = false;
+  }
+  CastToFp8<T>(out, out_t, record ? amax : nullptr, x, rows, cols, Scale(t), format(k),
+               MainStream());
+}
+
+void Fp8Scaling::NewWeights(NcclCommunicator* amax_group) {
+  ++epoch_;
+  if (!opt_.delayed) return;
+  if (amax_group != nullptr && amax_group->size() > 1)
+    amax_group->AllReduce(histories_, static_cast<size_t>(3 * linears_) * len_, CommType::kF32,
+                          MainStream(), ReduceOp::kMax);
+  // Inputs and weights in E4M3; gradients in E5M2 under the hybrid format.
+  UpdateFp8DelayedScales(histories_, 2 * linears_, len_, opt_.amax_most_recent, Scale(0),
+                         ScaleInv(0), kSlot, Fp8Format::kE4M3, opt_.margin, MainStream());
+  const int64_t g = Index(0, kGrad);
+  UpdateFp8DelayedScales(histories_ + g * len_, linears_, len_, opt_.amax_most_recent, Scale(g),
+                         ScaleInv(g), kSlot, format(kGrad), opt_.margin, MainStream());
+}
+
+template void Fp8Scaling::Cast<bf16>(int, Kind, const bf16*, int64_t, int64_t, uint8_t*, uint8_t*,
+                                     bool) const;
+
+Fp8Products::Fp8Products(Fp8Scaling* scaling, int64_t rows, int64_t widest_in, int64_t widest_out,
+                         DeviceMemory* memory)
+    : scaling_(scaling), memory_(memory) {
+  in_ = memory->Alloc<uint8_t>(rows * widest_in);
+  in_t_ = memory->Alloc<uint8_t>(rows * widest_in);
+  grad_ = memory->Alloc<uint8_t>(rows * widest_out);
+  grad_t_ = memory->Alloc<uint8_t>(rows * widest_out);
+}
+
+Fp8Weight Fp8Products::NewWeight(int64_t n, int64_t k) {
+  DeviceMemory* memory = memory_;
+  Fp8Weight w;
+  w.linear = scaling_->AddLinear();
+  w.w = memory->Alloc<uint8_t>(n * k);
+  w.w_t = memory->Alloc<uint8_t>(n * k);
+  w.scale_inv = memory->Alloc<float>(1);
+  return w;
+}
+
+void Fp8Products::PrepareWeight(const Fp8Weight& w, const bf16* w16, int64_t n, int64_t k) {
+  if (w.epoch == scaling_->epoch()) return;
+  w.epoch = scaling_->epoch();
+  scaling_->Cast<bf16>(w.linear, Fp8Scaling::kWeight, w16, n, k, w.w, w.w_t, /*record=*/true);
+  LT_CUDA_CHECK(cudaMemcpyAsync(w.scale_inv, scaling_->scale_inv(w.linear, Fp8Scaling::kWeight),
+                                sizeof(float), cudaMemcpyDeviceToDevice, MainStream()));
+}
+
+void Fp8Products::CastInput(const Fp8Weight& w, const bf16* in, int64_t rows, int64_t k) {
+  scaling_->Cast<bf16>(w.linear, Fp8Scaling::kInput, in, rows, k, in_, nullptr, record_);
+}
+
+void Fp8Products::Forward(const Fp8Weight& w, bf16* out, const bf16* bias, int64_t r0, int64_t rows,
+                          int64_t k, int64_t n) {
+  const Fp8Operand a{w.w, Fp8Format::kE4M3, w.scale_inv};
+  const Fp8Operand b{in_ + r0 * k, Fp8Format::kE4M3,
+                     scaling_->scale_inv(w.linear, Fp8Scaling::kInput)};
+  // Hopper's fast accumulation in the forward only, as TransformerEngine does.
+  bf16* d = out + r0 * n;
+  if (bias != nullptr && bias_epilogue_) {
+    if (mm_.Gemm(n, rows, k, a, b, d, CUDA_R_16BF, n, false, /*fast_accum=*/true, bias)) return;
+    bias_epilogue_ = false;
+  }
+  mm_.Gemm(n, rows, k, a, b, d, CUDA_R_16BF, n, /*accumulate=*/false, /*fast_accum=*/true);
+  if (bias != nullptr) AddBias<bf16>(d, bias, rows, n, MainStream());
+}
+
+void Fp8Products::CastGrad(const Fp8Weight& w, const bf16* dout, int64_t rows, int64_t n) {
+  scaling_->Cast<bf16>(w.linear, Fp8Scaling::kGrad, dout, rows, n, grad_, grad_t_,
+                       /*record=*/true);
+}
+
+void Fp8Products::BackwardData(const Fp8Weight& w, bf16* din, int64_t r0, int64_t rows, int64_t k,
+                               int64_t n, bool accumulate) {
+  const Fp8Operand a{w.w_t, Fp8Format::kE4M3, w.scale_inv};
+  const Fp8Operand b{grad_ + r0 * n, scaling_->format(Fp8Scaling::kGrad),
+                     scaling_->scale_inv(w.linear, Fp8Scaling::kGrad)};
+  mm_.Gemm(k, rows, n, a, b, din + r0 * k, CUDA_R_16BF, k, accumulate, /*fast_accum=*/false);
+}
+
+void Fp8Products::BackwardWeight(const Fp8Weight& w, float* dw, const bf16* in, int64_t rows,
+                                 int64_t k, int64_t n) {
+  // The forward's scale: delayed scales hold still within a step; current scaling measures the
+  // same amax again. Recorded already in the forward.
+  scaling_->Cast<bf16>(w.linear, Fp8Scaling::kInput, in, rows, k, nullptr, in_t_,
+                       /*record=*/false);
+  const Fp8Operand a{in_t_, Fp8Format::kE4M3, scaling_->scale_inv(w.linear, Fp8Scaling::kInput)};
+  const Fp8Operand b{grad_t_, scaling_->format(Fp8Scaling::kGrad),
+                     scaling_->scale_inv(w.linear, Fp8Scaling::kGrad)};
+  mm_.Gemm(k, n, rows, a, b, dw, CUDA_R_32F, k, /*accumulate=*/true, /*fast_accum=*/false);
+}
+
+}  // namespace leantron::trainer::cuda

@@ -1,0 +1,122 @@
+// The bf16 model's linear layers in FP8 (Megatron's --fp8-format with TransformerEngine's
+// recipes), in the row-major terms of Matmul (matmul.h):
+//   Forward:        out[M, N]  = in[M, K] · W[N, K]ᵀ (+ bias)    E4M3 · E4M3, bf16 out
+//   BackwardData:   din[M, K]  = dout[M, N] · W[N, K]             E4M3 Wᵀ · the gradient's format
+//   BackwardWeight: dW[N, K]  += dout[M, N]ᵀ · in[M, K]           fp32, accumulated in place
+// Hopper multiplies FP8 only along contiguous K (fp8_matmul.h), so the forward reads `in` and W as
+// they are, the data gradient Wᵀ and dout, the weight gradient inᵀ and doutᵀ: a weight is cast
+// once per new version of the weights (both layouts), dout once per backward (both layouts), and
+// `in` once in the forward and once, transposed, in the backward (the same scale, so the same
+// bytes; keeping the transpose from the forward would cost a byte per element of every layer's
+// inputs).
+//
+// Fp8Scaling holds every FP8 tensor's state on the device: per linear layer its input, its weight
+// and its output gradient, each an amax history row (--fp8-amax-history-len), a scale and its
+// inverse. Delayed scaling (--fp8-recipe delayed) casts with the scale from earlier steps'
+// amaxes and records this cast's amax in the history; at each new version of the weights the
+// histories are reduced over the amax group (max over data-parallel and context-parallel ranks,
+// so their scales agree, as TransformerEngine does) and rolled, and the scales recomputed.
+// Tensorwise scaling measures each tensor's amax just before its cast (current scaling).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "trainer/cuda/cuda_util.h"
+#include "trainer/cuda/device_memory.h"
+#include "trainer/cuda/fp8_matmul.h"
+#include "trainer/cuda/fp8_options.h"
+#include "trainer/cuda/kernels/fp8.h"
+
+namespace leantron::trainer {
+class NcclCommunicator;
+}  // namespace leantron::trainer
+
+namespace leantron::trainer::cuda {
+
+class Fp8Scaling {
+ public:
+  enum Kind { kInput = 0, kWeight = 1, kGrad = 2 };
+  Fp8Scaling(const Fp8Options& options, int linears, DeviceMemory* memory);
+  const Fp8Options& options() const { return opt_; }
+  int linears() const { return linears_; }
+  int AddLinear();  // the next linear layer's index
+  Fp8Format format(Kind k) const {
+    return k == kGrad && opt_.hybrid ? Fp8Format::kE5M2 : Fp8Format::kE4M3;
+  }
+  float* history(int linear, Kind k) const { return histories_ + Index(linear, k) * len_; }
+  const float* scale_inv(int linear, Kind k) const { return ScaleInv(Index(linear, k)); }
+  // x [rows, cols] cast with the tensor's scale into `out` and/or its transpose `out_t`. Current
+  // scaling measures the amax of x first; delayed scaling records the cast's amax (`record`).
+  template <typename T>
+  void Cast(int linear, Kind k, const T* x, int64_t rows, int64_t cols, uint8_t* out,
+            uint8_t* out_t, bool record) const;
+  // After the weights changed (an optimizer step, a load): delayed scaling reduces the histories
+  // over `amax_group` (null: none), rolls them and recomputes the scales. The weights' FP8 copies
+  // are cast again at their next use.
+  void NewWeights(NcclCommunicator* amax_group);
+  uint64_t epoch() const { return epoch_; }
+  // The whole state (histories, scales, inverses) as floats, for checkpoints.
+  float* state() const { return histories_; }
+  size_t state_floats() const { return static_cast<size_t>(3 * linears_) * (len_ + kSlot) + kSlot; }
+
+ private:
+  // Each tensor's inverse scale and scale share a 16-byte slot {scale_inv, scale, 0, 0}: the
+  // products read the inverse through an aligned pointer.
+  static constexpr int kSlot = 4;
+  int64_t Index(int linear, Kind k) const { return int64_t{k} * linears_ + linear; }
+  float* ScaleInv(int64_t t) const { return slots_ + t * kSlot; }
+  float* Scale(int64_t t) const { return slots_ + t * kSlot + 1; }
+  Fp8Options opt_;
+  int linears_, len_, added_ = 0;
+  float* histories_;  // [3·linears·len]
+  float* slots_;      // [3·linears·kSlot], 16-byte aligned
+  uint64_t epoch_ = 0;
+};
+
+// One linear layer's FP8 weight: W [N, K] and Wᵀ [K, N], and the inverse scale they were cast with
+// (the tensor's scale may move on before the next cast).
+struct Fp8Weight {
+  int linear = -1;
+  uint8_t *w = nullptr, *w_t = nullptr;
+  float* scale_inv = nullptr;
+  mutable uint64_t epoch = ~uint64_t{0};
+};
+
+// The FP8 products of one model chunk, with scratch sized for its widest layer.
+class Fp8Products {
+ public:
+  Fp8Products(Fp8Scaling* scaling, int64_t rows, int64_t widest_in, int64_t widest_out,
+              DeviceMemory* memory);
+  Fp8Scaling& scaling() { return *scaling_; }
+  // A linear layer's FP8 weight [n, k], allocated where the scratch is.
+  Fp8Weight NewWeight(int64_t n, int64_t k);
+  // Whether forwards record their inputs' amaxes (training micro-batches; evaluations do not).
+  void set_record(bool record) { record_ = record; }
+
+  // Casts W (bf16 [n, k]) when the weights changed since its last cast.
+  void PrepareWeight(const Fp8Weight& w, const bf16* w16, int64_t n, int64_t k);
+  // The forward's input, all `rows` rows, cast for Forward.
+  void CastInput(const Fp8Weight& w, const bf16* in, int64_t rows, int64_t k);
+  // out = rows [r0, r0 + rows) of the cast input · Wᵀ (+ bias).
+  void Forward(const Fp8Weight& w, bf16* out, const bf16* bias, int64_t r0, int64_t rows, int64_t k,
+               int64_t n);
+  // The backward's output gradient, all `rows` rows, cast for BackwardData and BackwardWeight.
+  void CastGrad(const Fp8Weight& w, const bf16* dout, int64_t rows, int64_t n);
+  // din (rows [r0, r0 + rows)) = (+=) the cast gradient's rows · W.
+  void BackwardData(const Fp8Weight& w, bf16* din, int64_t r0, int64_t rows, int64_t k, int64_t n,
+                    bool accumulate = false);
+  // dW += the cast gradientᵀ · in, `in` (bf16, all `rows` rows) cast again, transposed.
+  void BackwardWeight(const Fp8Weight& w, float* dw, const bf16* in, int64_t rows, int64_t k,
+                      int64_t n);
+
+ private:
+  Fp8Scaling* scaling_;
+  DeviceMemory* memory_;
+  Fp8Matmul mm_;
+  uint8_t *in_, *in_t_, *grad_, *grad_t_;
+  bool record_ = true;
+  bool bias_epilogue_ = true;  // until cuBLASLt refuses it: then AddBias after the product
+};
+
+}  // namespace leantron::trainer::cuda
