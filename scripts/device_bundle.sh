@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Packs build/bin programs and the shared libraries the device machine lacks (Abseil, simdjson,
 # ICU 72, Gloo, ...) into .bundle/leantron.tar.gz, for the device tool's `carry`. Extra files
-# (corpora, vocabularies) can be added with --add PATH (stored under data/).
-#   scripts/device_bundle.sh [--add PATH]... [--name NAME] [PROGRAM...]
+# (corpora, vocabularies) can be added with --add PATH (stored under data/); --quickstart-data adds
+# the quickstart's English corpus preprocessed with GPT-2's tokenizer (data/quickstart/, for
+# tests/gpu/test_gpu_fp8.py; built once into .cache/quickstart-data).
+#   scripts/device_bundle.sh [--add PATH]... [--quickstart-data] [--name NAME] [PROGRAM...]
 #     (default: every program in $BUILD_DIR/bin, into .bundle/leantron.tar.gz or .bundle/NAME.tar.gz)
 # On the device:  mkdir -p /tmp/lt && tar -xzf .bundle/leantron.tar.gz -C /tmp/lt &&
 #                 export PATH=/tmp/lt/bin:$PATH LD_LIBRARY_PATH=/tmp/lt/lib
@@ -17,6 +19,19 @@ while (($#)); do
   case "$1" in
     --add) extra+=("$2"); shift 2 ;;
     --name) name="$2"; shift 2 ;;
+    --quickstart-data)
+      q="$ROOT/.cache/quickstart-data/quickstart"
+      if [[ ! -f "$q/english_text_document.idx" ]]; then
+        mkdir -p "$q"
+        export LEANTRON_VOCAB_DIR="${LEANTRON_VOCAB_DIR:-$ROOT/.cache/gpt2}"
+        bash "$ROOT/scripts/get_gpt2_vocab.sh" >/dev/null
+        python3 "$ROOT/scripts/make_corpora.py" --out "$q.corpus" --megabytes 8 english >/dev/null
+        "$BIN/preprocess_data" --input "$q.corpus/english.jsonl" \
+          --output-prefix "$q/english" --tokenizer-type GPT2BPETokenizer \
+          --vocab-file "$LEANTRON_VOCAB_DIR/encoder.json" \
+          --merge-file "$LEANTRON_VOCAB_DIR/vocab.bpe" --append-eod --workers 2 >/dev/null
+      fi
+      extra+=("$q"); shift ;;
     *) programs+=("$1"); shift ;;
   esac
 done

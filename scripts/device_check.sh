@@ -39,9 +39,12 @@ if [[ "$what" == tests || "$what" == all ]]; then
   done
 fi
 if [[ "$what" == tests || "$what" == all || "$what" == pytest ]]; then
-  echo "== tests/gpu/test_gpu_train.py tests/gpu/test_gpu_offload.py tests/gpu/test_gpu_llama.py"
+  echo "== tests/gpu/test_gpu_train.py tests/gpu/test_gpu_offload.py tests/gpu/test_gpu_llama.py tests/gpu/test_gpu_fp8.py"
+  # The quickstart corpus, preprocessed here (scripts/bundle_quickstart_data.sh adds it).
+  export LEANTRON_QUICKSTART_DATA=/tmp/lt/data/quickstart/english_text_document
   python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_gpu_train.py \
-    tests/gpu/test_gpu_offload.py tests/gpu/test_gpu_llama.py -s ${PYTEST_K:+-k "$PYTEST_K"} \
+    tests/gpu/test_gpu_offload.py tests/gpu/test_gpu_llama.py tests/gpu/test_gpu_fp8.py -s \
+    ${PYTEST_K:+-k "$PYTEST_K"} \
     >"$OUT/pytest_gpu.log" 2>&1 || status=1
   tail -n 40 "$OUT/pytest_gpu.log"
   skips "$OUT/pytest_gpu.log"

@@ -118,6 +118,11 @@ def run_ours(bin_dir, name, mb, iters, extra, nproc=1):
         out["host_step_ms"] = float(step.group(2))
         out["host_compute_ms"] = float(step.group(3))
         out["host_threads"] = int(step.group(1))
+    split = re.search(r"FP8 products ([\d.]+) ms, FP8 casts ([\d.]+) ms, bf16 products ([\d.]+) ms",
+                      proc.stdout + proc.stderr)
+    if split:  # --fp8-format: the GPU time of the products by precision, per step
+        out["fp8_products_ms"], out["fp8_casts_ms"], out["bf16_products_ms"] = map(
+            float, split.groups())
     if "--timing-log-level" in extra:  # the per-op GPU time table
         out["profile"] = proc.stderr[-3000:]
     return out
