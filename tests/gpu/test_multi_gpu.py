@@ -5,7 +5,9 @@ interleaved) against one GPU within bf16 tolerance over 50 steps, and Llama laye
 the distributed optimizer, TP2, TP2+SP and interleaved PP2; the float32 model over NCCL
 (TP2+SP, interleaved PP2, CP2 with each --cp-comm-type) against one GPU; resuming a checkpoint
 under another layout; the distributed optimizer with its sharded fp32 weights bitwise plain DP2
-and freeing what its memory line says; and a killed rank stopping the other instead of
+and freeing what its memory line says; FP8 linear layers under DP2 (plain and distributed
+optimizer), TP2, TP2+SP (both transports) and interleaved PP2 against FP8 on one GPU; and a
+killed rank stopping the other instead of
 hanging."""
 import os
 import re
@@ -115,6 +117,30 @@ def test_bf16_layouts_match_one_gpu(dataset, one_gpu_bf16, name):
     if name.startswith("dp2"):
         nccl = "--no-dp-copy-engine" in extra
         assert f"by {'NCCL' if nccl else 'copy engine'}" in proc.stdout
+
+
+# FP8 linear layers (hybrid, delayed scaling, amaxes reduced over DP) under each kind of
+# parallelism against FP8 on one GPU: TP ranks scale their own shards, so within the same
+# tolerance as bf16's layouts rather than bitwise.
+FP8 = ["--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--fp8-amax-history-len", "4",
+       "--fp8-amax-compute-algo", "max"]
+FP8_LAYOUTS = ["dp2", "dp2-distopt", "tp2", "tp2-sp", "tp2-sp-nccl", "pp2-interleaved"]
+
+
+@pytest.fixture(scope="module")
+def one_gpu_fp8(dataset):
+    return losses(run_train(common(dataset) + ["--bf16"] + FP8))
+
+
+@pytest.mark.parametrize("name", FP8_LAYOUTS)
+def test_fp8_layouts_match_one_gpu(dataset, one_gpu_fp8, name):
+    proc = run_train(common(dataset) + ["--bf16"] + FP8 + LAYOUTS[name], nproc=2)
+    got, valid = losses(proc)
+    assert_close(got, one_gpu_fp8[0], 0.01, 0.02)
+    for it, v in one_gpu_fp8[1].items():
+        assert valid[it] == pytest.approx(v, rel=0.02)
+    fp8 = re.findall(r"FP8 products ([\d.]+) ms", proc.stdout + proc.stderr)
+    assert fp8 and all(float(ms) > 0 for ms in fp8), proc.stdout[-2000:]
 
 
 # Llama layers (RMSNorm, SwiGLU, RoPE, grouped queries: 4 heads of 32, 2 key/value heads, untied,
