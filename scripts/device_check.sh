@@ -2,8 +2,9 @@
 # Runs on the GPU (device) machine, from the repository root, in one call: unpacks the bundle that
 # scripts/device_bundle.sh made here (binaries + the libraries the device lacks), then
 #   tests: the GPU op tests (tests/gpu/*_test.cc binaries), tests/gpu/test_gpu_train.py,
-#          tests/gpu/test_gpu_offload.py and tests/gpu/test_gpu_llama.py (the Llama family
-#          against transformers)
+#          tests/gpu/test_gpu_offload.py, tests/gpu/test_gpu_llama.py (the Llama family
+#          against transformers) and tests/gpu/test_gpu_fp8.py (needs the bundle made with
+#          --quickstart-data)
 #   bench: bench/gpu/bench_train.py, ours next to the PyTorch peer
 #   tutorial: bench/gpu/tutorial_tables.py, the Megatron tutorial's rows that fit the GPUs present
 #          beside Megatron's figures ($OUT/tutorial.md, each row's log in $OUT/tutorial_logs)
@@ -40,7 +41,7 @@ if [[ "$what" == tests || "$what" == all ]]; then
 fi
 if [[ "$what" == tests || "$what" == all || "$what" == pytest ]]; then
   echo "== tests/gpu/test_gpu_train.py tests/gpu/test_gpu_offload.py tests/gpu/test_gpu_llama.py tests/gpu/test_gpu_fp8.py"
-  # The quickstart corpus, preprocessed here (scripts/bundle_quickstart_data.sh adds it).
+  # The quickstart corpus, preprocessed here (scripts/device_bundle.sh --quickstart-data).
   export LEANTRON_QUICKSTART_DATA=/tmp/lt/data/quickstart/english_text_document
   python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_gpu_train.py \
     tests/gpu/test_gpu_offload.py tests/gpu/test_gpu_llama.py tests/gpu/test_gpu_fp8.py -s \

@@ -143,6 +143,19 @@ def test_fp8_layouts_match_one_gpu(dataset, one_gpu_fp8, name):
     assert fp8 and all(float(ms) > 0 for ms in fp8), proc.stdout[-2000:]
 
 
+def test_fp8_dp2_resume_is_bitwise(dataset, tmp_path):
+    # The save at 10 comes with no evaluation before it (every 25): each rank's recorded amaxes
+    # are reduced for the save, as the next step reduces them.
+    args = common(dataset, 20) + ["--bf16", "--deterministic-mode"] + FP8
+    straight = run_train(args + ["--save", tmp_path / "a"], nproc=2)
+    run_train(args + ["--save", tmp_path / "b", "--exit-interval", "10"], nproc=2)
+    rest = run_train(args + ["--load", tmp_path / "b", "--save", tmp_path / "b"], nproc=2)
+    a_train, _ = parse_log(straight.stdout)
+    b_train, _ = parse_log(rest.stdout)
+    for it in range(11, 21):
+        assert b_train[it] == a_train[it]
+
+
 # Llama layers (RMSNorm, SwiGLU, RoPE, grouped queries: 4 heads of 32, 2 key/value heads, untied,
 # no biases): TP2 splits the query groups, so each rank holds one group and two query heads.
 LLAMA = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",

@@ -201,6 +201,8 @@ absl::Status SaveTrainingCheckpoint(const TrainArgs& args, const ckpt::ModelLayo
     v = exp_avg_sq.data();
   }
 
+  if (!args.fp8_format.empty())
+    for (StageModel* c : chunks) c->SyncFp8State();  // collective over DP, before the writers read
   absl::Status st;
   std::string temp_dir;
   if (groups.world_rank == 0) {

@@ -106,6 +106,9 @@ class StageModel {
   // The FP8 scaling state a checkpoint keeps (amax histories and scales; empty without FP8
   // layers), and setting it from one (the same size).
   virtual std::vector<float> Fp8State() const { return {}; }
+  // Collective over the data-parallel group, before a save: makes every rank's FP8 state what the
+  // writer saves (the recorded amaxes max-reduced, as the next step would reduce them).
+  virtual void SyncFp8State() {}
   virtual void SetFp8State(const std::vector<float>& state) {}
 
  protected:

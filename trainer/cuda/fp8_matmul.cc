@@ -25,6 +25,7 @@ struct Fp8Matmul::Plan {
   // The heuristic's candidates, best first; `used` the first that ran (some refuse at run time).
   std::vector<cublasLtMatmulAlgo_t> algos;
   size_t used = 0;
+  bool refused = false;  // a bias plan no candidate runs: Gemm answers false at once
   ~Plan() {
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (b) cublasLtMatrixLayoutDestroy(b);
@@ -137,6 +138,7 @@ bool Fp8Matmul::Gemm(int64_t m, int64_t n, int64_t k, const Fp8Operand& a, const
                                                    &bias, sizeof(bias)));
   }
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  if (plan->refused) return false;
   cublasStatus_t st;
   while (true) {
     st = cublasLtMatmul(handle_, plan->desc, &alpha, a.data, plan->a, b.data, plan->b, &beta, d,
@@ -145,7 +147,10 @@ bool Fp8Matmul::Gemm(int64_t m, int64_t n, int64_t k, const Fp8Operand& a, const
     if (st != CUBLAS_STATUS_NOT_SUPPORTED || plan->used + 1 >= plan->algos.size()) break;
     ++plan->used;  // the next candidate, from now on
   }
-  if (st == CUBLAS_STATUS_NOT_SUPPORTED && bias != nullptr) return false;
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED && bias != nullptr) {
+    plan->refused = true;
+    return false;
+  }
   if (st != CUBLAS_STATUS_SUCCESS) {
     char what[320];
     std::snprintf(

@@ -40,12 +40,16 @@ void Fp8Scaling::Cast(int linear, Kind k, const T* x, int64_t rows, int64_t cols
                MainStream());
 }
 
+void Fp8Scaling::ReduceHistories(NcclCommunicator* amax_group) {
+  if (!opt_.delayed || amax_group == nullptr || amax_group->size() <= 1) return;
+  amax_group->AllReduce(histories_, static_cast<size_t>(3 * linears_) * len_, CommType::kF32,
+                        MainStream(), ReduceOp::kMax);
+}
+
 void Fp8Scaling::NewWeights(NcclCommunicator* amax_group) {
   ++epoch_;
   if (!opt_.delayed) return;
-  if (amax_group != nullptr && amax_group->size() > 1)
-    amax_group->AllReduce(histories_, static_cast<size_t>(3 * linears_) * len_, CommType::kF32,
-                          MainStream(), ReduceOp::kMax);
+  ReduceHistories(amax_group);
   // Inputs and weights in E4M3; gradients in E5M2 under the hybrid format.
   UpdateFp8DelayedScales(histories_, 2 * linears_, len_, opt_.amax_most_recent, Scale(0),
                          ScaleInv(0), kSlot, Fp8Format::kE4M3, opt_.margin, MainStream());
@@ -95,10 +99,11 @@ void Fp8Products::Forward(const Fp8Weight& w, bf16* out, const bf16* bias, int64
                      scaling_->scale_inv(w.linear, Fp8Scaling::kInput)};
   // Hopper's fast accumulation in the forward only, as TransformerEngine does.
   bf16* d = out + r0 * n;
-  if (bias != nullptr && bias_epilogue_) {
-    if (mm_.Gemm(n, rows, k, a, b, d, CUDA_R_16BF, n, false, /*fast_accum=*/true, bias)) return;
-    bias_epilogue_ = false;
-  }
+  // The bias in the epilogue where cuBLASLt runs it for this plan (decided at its first call, so
+  // a recomputed forward takes the same path), else added after.
+  if (bias != nullptr &&
+      mm_.Gemm(n, rows, k, a, b, d, CUDA_R_16BF, n, false, /*fast_accum=*/true, bias))
+    return;
   mm_.Gemm(n, rows, k, a, b, d, CUDA_R_16BF, n, /*accumulate=*/false, /*fast_accum=*/true);
   if (bias != nullptr) AddBias<bf16>(d, bias, rows, n, MainStream());
 }

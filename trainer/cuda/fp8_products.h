@@ -55,6 +55,9 @@ class Fp8Scaling {
   // over `amax_group` (null: none), rolls them and recomputes the scales. The weights' FP8 copies
   // are cast again at their next use.
   void NewWeights(NcclCommunicator* amax_group);
+  // Delayed scaling: the histories max-reduced over `amax_group` (idempotent until new amaxes are
+  // recorded).
+  void ReduceHistories(NcclCommunicator* amax_group);
   uint64_t epoch() const { return epoch_; }
   // The whole state (histories, scales, inverses) as floats, for checkpoints.
   float* state() const { return histories_; }
@@ -116,7 +119,6 @@ class Fp8Products {
   Fp8Matmul mm_;
   uint8_t *in_, *in_t_, *grad_, *grad_t_;
   bool record_ = true;
-  bool bias_epilogue_ = true;  // until cuBLASLt refuses it: then AddBias after the product
 };
 
 }  // namespace leantron::trainer::cuda

@@ -49,7 +49,7 @@ class Bf16Model final : public StageModel {
     return prof_.Averages(compute_ms, tp_comm_ms);
   }
   bool ProductTimes(double* fp8_ms, double* fp8_cast_ms, double* bf16_ms) const override {
-    return fp8_ != nullptr && prof_.PrecisionAverages(fp8_ms, fp8_cast_ms, bf16_ms);
+    return opt_.fp8.enabled && prof_.PrecisionAverages(fp8_ms, fp8_cast_ms, bf16_ms);
   }
   // The scaling state, and one float more: 1 when the scales have moved on for the current
   // weights already (an evaluation after the step did it), so that a resumed run does not move
@@ -63,6 +63,9 @@ class Bf16Model final : public StageModel {
     LT_CUDA_CHECK(cudaStreamSynchronize(MainStream()));
     state.back() = fp8_version_ == params_->weights_version() ? 1.0f : 0.0f;
     return state;
+  }
+  void SyncFp8State() override {
+    if (fp8_scaling_) fp8_scaling_->ReduceHistories(AsNccl(opt_.fp8_amax_group));
   }
   // After the load has written the weights.
   void SetFp8State(const std::vector<float>& state) override {
