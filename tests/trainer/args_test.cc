@@ -195,7 +195,9 @@ TEST(ArgsTest, UnevenPipelineSplitIsCheckedLikeMegatronCore) {
   EXPECT_NE(json.find("\"adam_beta1\": 0.90000000000000002"), std::string::npos) << json;
   EXPECT_NE(json.find("\"adam_beta2\": 0.94999999999999996"), std::string::npos) << json;
   EXPECT_NE(json.find("\"adam_eps\": 1.0000000000000001e-05"), std::string::npos) << json;
-  EXPECT_NE(json.find("\"optimizer_cpu_offload\": true}"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"optimizer_cpu_offload\": true,"), std::string::npos) << json;
+  // Megatron's `fp8` is the format, null without FP8.
+  EXPECT_NE(json.find("\"fp8\": null, \"fp8_recipe\": \"delayed\"}"), std::string::npos) << json;
 }
 
 // Megatron's --use-rope-scaling / --rope-scaling-factor: Llama 3.1's scaling with the factor
