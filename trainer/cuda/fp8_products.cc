@@ -121,12 +121,15 @@ void Fp8Products::BackwardData(const Fp8Weight& w, bf16* din, int64_t r0, int64_
   mm_.Gemm(k, rows, n, a, b, din + r0 * k, CUDA_R_16BF, k, accumulate, /*fast_accum=*/false);
 }
 
-void Fp8Products::BackwardWeight(const Fp8Weight& w, float* dw, const bf16* in, int64_t rows,
-                                 int64_t k, int64_t n) {
+void Fp8Products::CastInputTransposed(const Fp8Weight& w, const bf16* in, int64_t rows, int64_t k) {
   // The forward's scale: delayed scales hold still within a step; current scaling measures the
   // same amax again. Recorded already in the forward.
   scaling_->Cast<bf16>(w.linear, Fp8Scaling::kInput, in, rows, k, nullptr, in_t_,
                        /*record=*/false);
+}
+
+void Fp8Products::BackwardWeight(const Fp8Weight& w, float* dw, int64_t rows, int64_t k,
+                                 int64_t n) {
   const Fp8Operand a{in_t_, Fp8Format::kE4M3, scaling_->scale_inv(w.linear, Fp8Scaling::kInput)};
   const Fp8Operand b{grad_t_, scaling_->format(Fp8Scaling::kGrad),
                      scaling_->scale_inv(w.linear, Fp8Scaling::kGrad)};

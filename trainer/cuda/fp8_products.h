@@ -109,9 +109,10 @@ class Fp8Products {
   // din (rows [r0, r0 + rows)) = (+=) the cast gradient's rows · W.
   void BackwardData(const Fp8Weight& w, bf16* din, int64_t r0, int64_t rows, int64_t k, int64_t n,
                     bool accumulate = false);
-  // dW += the cast gradientᵀ · in, `in` (bf16, all `rows` rows) cast again, transposed.
-  void BackwardWeight(const Fp8Weight& w, float* dw, const bf16* in, int64_t rows, int64_t k,
-                      int64_t n);
+  // The forward's input (bf16, all `rows` rows) cast again, transposed, for BackwardWeight.
+  void CastInputTransposed(const Fp8Weight& w, const bf16* in, int64_t rows, int64_t k);
+  // dW += the cast gradientᵀ · the transposed input.
+  void BackwardWeight(const Fp8Weight& w, float* dw, int64_t rows, int64_t k, int64_t n);
 
  private:
   Fp8Scaling* scaling_;

@@ -95,9 +95,14 @@ void ColumnParallelLinear::Backward(const char* op, const bf16* dout, const bf16
   prof.Begin(op);
   auto weight_grad = [&] {
     if (f == nullptr) return WeightGrad(ctx_, dw_, db_, dout, in, k_, n_);
-    f->BackwardWeight(fp8_, dw_, in, g.rows, k_, n_);
-    if (db_ != nullptr)
+    prof.Begin("fp8 cast");
+    f->CastInputTransposed(fp8_, in, g.rows, k_);
+    prof.Begin(op);
+    f->BackwardWeight(fp8_, dw_, g.rows, k_, n_);
+    if (db_ != nullptr) {
+      prof.Begin("bias gradient");
       ColumnSumAccumulate<bf16>(db_, dout, g.rows, n_, ctx_.scratch, MainStream());
+    }
   };
   // din's rows [r0, r0 + rows) from dout's (+= with `accumulate`).
   auto dgrad = [&](int64_t r0, int64_t rows, bool accumulate) {
@@ -175,7 +180,7 @@ void RowParallelLinear::BackwardFp8(const char* op, bf16* dout, const bf16* in, 
   OpProfile& prof = *ctx_.prof;
   Fp8Products& f = *ctx_.fp8;
   if (db_ != nullptr) {  // under SP from this rank's rows (summed over TP by the optimizer)
-    prof.Begin(Fp8OpName(op));
+    prof.Begin("bias gradient");
     const bool sp = tp.sequence_parallel();
     ColumnSumAccumulate<bf16>(db_, sp ? tp.LocalRows(dout) : dout, sp ? g.local_rows : g.rows, n_,
                               ctx_.scratch, MainStream());
@@ -186,8 +191,9 @@ void RowParallelLinear::BackwardFp8(const char* op, bf16* dout, const bf16* in, 
   }
   prof.Begin("fp8 cast");
   f.CastGrad(fp8_, dout, g.rows, n_);
+  f.CastInputTransposed(fp8_, in, g.rows, k_);
   prof.Begin(Fp8OpName(op));
-  f.BackwardWeight(fp8_, dw_, in, g.rows, k_, n_);
+  f.BackwardWeight(fp8_, dw_, g.rows, k_, n_);
   f.BackwardData(fp8_, din, 0, g.rows, k_, n_);
   if (gelu_pre != nullptr) {
     prof.Begin("gelu");
