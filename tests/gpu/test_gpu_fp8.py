@@ -46,7 +46,9 @@ def corpus():
 
 
 def curve(data, arch, extra, iters=300):
-    # 32 sequences a step: with 8 the evaluations of two bf16-like runs wander apart by 2%.
+    # 32 sequences a step: with 8 the evaluations of two bf16-like runs wander apart by 2%. In
+    # this regime (a 2.5M-token corpus seen ~4 times) the evaluations are sensitive to any
+    # perturbation: docs/benchmarks.md has the runs that show how much.
     args = arch + ["--data-path", data, "--split", "98,2,0", "--micro-batch-size", "8",
                    "--global-batch-size", "32", "--train-iters", iters, "--lr", "6e-4",
                    "--min-lr", "6e-5", "--lr-warmup-iters", "30", "--lr-decay-style", "cosine",
