@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "interop"))
-from train_testlib import licence_dataset, parse_log, run_train  # noqa: E402
+from train_testlib import (SMALL, checkpoint_files, licence_dataset, parse_log,  # noqa: E402
+                           run_train)
 
 GPT2_124M = ["--num-layers", "12", "--hidden-size", "768", "--num-attention-heads", "12",
              "--seq-length", "1024", "--max-position-embeddings", "1024",
@@ -77,12 +78,6 @@ def test_fp8_loss_follows_bf16(corpus, arch):
         assert tail < 0.01, (name, tail)
 
 
-# Small enough to run in seconds, every dimension a multiple of 16 as FP8 products need.
-SMALL = ["--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "2",
-         "--seq-length", "64", "--max-position-embeddings", "64",
-         "--tokenizer-type", "NullTokenizer", "--vocab-size", "255"]
-
-
 @pytest.fixture(scope="module")
 def licences(tmp_path_factory):
     return licence_dataset(tmp_path_factory.mktemp("data") / "licences")
@@ -94,11 +89,6 @@ def small(data, iters, extra):
                     "--lr-warmup-iters", "5", "--log-interval", "1", "--eval-interval", "5",
                     "--eval-iters", "2", "--attention-dropout", "0", "--seed", "7", "--bf16",
                     "--deterministic-mode"] + extra
-
-
-def saved(ck, iteration):
-    d = Path(ck) / f"iter_{iteration:07d}"
-    return {p.relative_to(d): p.read_bytes() for p in d.rglob("*.safetensors")}
 
 
 @pytest.mark.parametrize("recipe", [DELAYED, TENSORWISE], ids=["delayed", "tensorwise"])
@@ -114,7 +104,7 @@ def test_fp8_resume_is_bitwise(licences, tmp_path, recipe):
     for it in range(11, 21):
         assert b_train[it] == a_train[it]  # every logged number, bitwise
     assert {it: v for it, v in a_valid.items() if it > 10} == b_valid
-    a, b = saved(tmp_path / "a", 20), saved(tmp_path / "b", 20)
+    a, b = checkpoint_files(tmp_path / "a", 20), checkpoint_files(tmp_path / "b", 20)
     assert any(p.name == "fp8_state.safetensors" for p in a)
     assert a == b
 

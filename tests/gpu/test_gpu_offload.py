@@ -10,8 +10,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "interop"))
-from test_gpu_train import LLAMA, common, files  # noqa: E402
-from train_testlib import licence_dataset, parse_log, run_train  # noqa: E402
+from test_gpu_train import LLAMA, common  # noqa: E402
+from train_testlib import (checkpoint_files as files, licence_dataset, parse_log,  # noqa: E402
+                           run_train)
 
 OFFLOAD = ["--optimizer-cpu-offload"]
 

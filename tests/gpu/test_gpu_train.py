@@ -11,12 +11,8 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "interop"))
-from train_testlib import BIN, licence_dataset, mock_sample, parse_log, run_train  # noqa: E402
-
-# Head dim 64 (what cuDNN's flash attention is built for); 255 byte ids + EOD = 256 vocab.
-SMALL = ["--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "2",
-         "--seq-length", "64", "--max-position-embeddings", "64",
-         "--tokenizer-type", "NullTokenizer", "--vocab-size", "255"]
+from train_testlib import (BIN, SMALL, checkpoint_files as files, licence_dataset,  # noqa: E402
+                           mock_sample, parse_log, run_train)
 
 
 @pytest.fixture(scope="module")
@@ -84,11 +80,6 @@ def test_cuda_float32_backend_matches_cpu(dataset, tmp_path):
     for i in range(1, 11):
         assert g_train[i][1] == pytest.approx(c_train[i][1], rel=1e-4)
         assert g_train[i][2] == pytest.approx(c_train[i][2], rel=1e-3)
-
-
-def files(ck, iteration):
-    d = Path(ck) / f"iter_{iteration:07d}"
-    return {p.relative_to(d): p.read_bytes() for p in d.rglob("*.safetensors")}
 
 
 @pytest.mark.parametrize("extra", [[], ["--recompute-granularity", "full", "--recompute-method",

@@ -21,11 +21,9 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "interop"))
-from train_testlib import TRAIN, licence_dataset, parse_log, run_train  # noqa: E402
+from train_testlib import (SMALL, TRAIN, checkpoint_files as files, licence_dataset,  # noqa: E402
+                           parse_log, run_train)
 
-SMALL = ["--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "2",
-         "--seq-length", "64", "--max-position-embeddings", "64",
-         "--tokenizer-type", "NullTokenizer", "--vocab-size", "255"]
 ITERS = 50
 
 
@@ -64,6 +62,14 @@ def assert_close(a, b, rel_step, rel_window):
     print("first 10 max rel", rel[:10].max(), "window rel", win.round(5))
     assert rel[:10].max() < rel_step
     assert win.max() < rel_window
+
+
+def assert_follows(proc, one_gpu, rel_step=0.01, rel_window=0.02, rel_valid=0.02):
+    """A two-GPU run's losses and evaluations against one GPU's `losses`."""
+    got, valid = losses(proc)
+    assert_close(got, one_gpu[0], rel_step, rel_window)
+    for it, v in one_gpu[1].items():
+        assert valid[it] == pytest.approx(v, rel=rel_valid)
 
 
 @pytest.fixture(scope="module")
@@ -106,10 +112,7 @@ LAYOUTS = {
 def test_bf16_layouts_match_one_gpu(dataset, one_gpu_bf16, name):
     extra = LAYOUTS[name]
     proc = run_train(common(dataset) + ["--bf16"] + extra, nproc=2)
-    got, valid = losses(proc)
-    assert_close(got, one_gpu_bf16[0], 0.01, 0.02)
-    for it, v in one_gpu_bf16[1].items():
-        assert valid[it] == pytest.approx(v, rel=0.02)
+    assert_follows(proc, one_gpu_bf16)
     if "--overlap-grad-reduce" in extra:
         kind = "reduce-scatter" if "--use-distributed-optimizer" in extra else "all-reduce"
         kind += " in bf16" if "--grad-reduce-in-bf16" in extra else ""
@@ -135,10 +138,7 @@ def one_gpu_fp8(dataset):
 @pytest.mark.parametrize("name", FP8_LAYOUTS)
 def test_fp8_layouts_match_one_gpu(dataset, one_gpu_fp8, name):
     proc = run_train(common(dataset) + ["--bf16"] + FP8 + LAYOUTS[name], nproc=2)
-    got, valid = losses(proc)
-    assert_close(got, one_gpu_fp8[0], 0.01, 0.02)
-    for it, v in one_gpu_fp8[1].items():
-        assert valid[it] == pytest.approx(v, rel=0.02)
+    assert_follows(proc, one_gpu_fp8)
     fp8 = re.findall(r"FP8 products ([\d.]+) ms", proc.stdout + proc.stderr)
     assert fp8 and all(float(ms) > 0 for ms in fp8), proc.stdout[-2000:]
 
@@ -172,10 +172,7 @@ def one_gpu_llama(dataset):
 @pytest.mark.parametrize("name", LLAMA_LAYOUTS)
 def test_bf16_llama_layouts_match_one_gpu(dataset, one_gpu_llama, name):
     proc = run_train(common(dataset) + ["--bf16"] + LLAMA + LAYOUTS[name], nproc=2)
-    got, valid = losses(proc)
-    assert_close(got, one_gpu_llama[0], 0.01, 0.02)
-    for it, v in one_gpu_llama[1].items():
-        assert valid[it] == pytest.approx(v, rel=0.02)
+    assert_follows(proc, one_gpu_llama)
 
 
 @pytest.mark.parametrize("extra", [["--tensor-model-parallel-size", "2", "--sequence-parallel"],
@@ -188,10 +185,8 @@ def test_bf16_llama_layouts_match_one_gpu(dataset, one_gpu_llama, name):
                                    ["--context-parallel-size", "2", "--cp-comm-type", "all_gather"],
                                    ["--context-parallel-size", "2", "--cp-comm-type", "a2a"]])
 def test_float32_model_over_nccl_matches_one_gpu(dataset, one_gpu_fp32, extra):
-    got, valid = losses(run_train(common(dataset) + ["--ops-backend", "cuda"] + extra, nproc=2))
-    assert_close(got, one_gpu_fp32[0], 1e-4, 1e-4)
-    for it, v in one_gpu_fp32[1].items():
-        assert valid[it] == pytest.approx(v, rel=1e-4)
+    proc = run_train(common(dataset) + ["--ops-backend", "cuda"] + extra, nproc=2)
+    assert_follows(proc, one_gpu_fp32, 1e-4, 1e-4, 1e-4)
 
 
 def test_selective_norm_recompute_under_sp_is_exact(dataset):
@@ -218,11 +213,6 @@ def test_selective_mlp_recompute_under_sp_is_exact(dataset, modules):
                                        "--recompute-modules", *modules], nproc=2).stdout)
     assert sorted(redo[0]) == list(range(1, 6))
     assert redo == plain
-
-
-def files(ck, iteration):
-    d = Path(ck) / f"iter_{iteration:07d}"
-    return {p.relative_to(d): p.read_bytes() for p in d.rglob("*.safetensors")}
 
 
 @pytest.mark.parametrize("arch", [[], LLAMA], ids=["gpt2", "llama"])

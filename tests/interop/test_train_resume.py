@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from ckpt_testlib import read_ours
-from train_testlib import TINY, TRAIN, licence_dataset, parse_log, run_train
+from train_testlib import (TINY, TRAIN, checkpoint_files as files, licence_dataset, parse_log,
+                           run_train)
 
 ITERS = 12
 
@@ -26,11 +27,6 @@ def common(data):
                    "--global-batch-size", "8", "--train-iters", ITERS, "--lr", "2e-3",
                    "--lr-warmup-iters", "2", "--lr-decay-style", "linear", "--log-interval", "1",
                    "--eval-interval", "4", "--eval-iters", "1"]
-
-
-def files(ck, iteration):
-    d = Path(ck) / f"iter_{iteration:07d}"
-    return {p.relative_to(d): p.read_bytes() for p in d.rglob("*.safetensors")}
 
 
 @pytest.mark.parametrize("nproc,extra", [(None, []), (2, ["--tensor-model-parallel-size", "2"]),

@@ -26,6 +26,17 @@ VALID = re.compile(r"validation loss at iteration (\d+) \| lm loss value: (\S+) 
 TINY = ["--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
         "--seq-length", "32", "--max-position-embeddings", "32",
         "--tokenizer-type", "NullTokenizer", "--vocab-size", "255"]
+# The GPU tests' small model: head dim 64 (what cuDNN's flash attention is built for), every
+# dimension a multiple of 16 (FP8 products).
+SMALL = ["--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "2",
+         "--seq-length", "64", "--max-position-embeddings", "64",
+         "--tokenizer-type", "NullTokenizer", "--vocab-size", "255"]
+
+
+def checkpoint_files(ck, iteration):
+    """{path: bytes} of every safetensors file a checkpoint saved at `iteration`."""
+    d = Path(ck) / f"iter_{iteration:07d}"
+    return {p.relative_to(d): p.read_bytes() for p in d.rglob("*.safetensors")}
 
 
 def run_train(args, nproc=None, ok=True, timeout=300, env=None):
