@@ -3,6 +3,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 #include "trainer/cuda/kernels/kernels.h"
 
@@ -10,9 +11,11 @@ namespace leantron::trainer::cuda {
 
 const char* Fp8OpName(const char* op) {
   static std::mutex mu;
-  static std::map<std::string, std::string> names;  // nodes stay put: c_str() stays valid
+  // Nodes stay put, so c_str() stays valid; the lookup allocates only for a new name.
+  static std::map<std::string, std::string, std::less<>> names;
   std::lock_guard<std::mutex> lock(mu);
-  auto [it, added] = names.try_emplace(op, std::string("fp8 ") + op);
+  auto it = names.find(std::string_view(op));
+  if (it == names.end()) it = names.emplace(op, std::string("fp8 ") + op).first;
   return it->second.c_str();
 }
 
