@@ -196,6 +196,125 @@ TEST_F(Fp8Test, Bf16InputsAndAbsMax) {
     ASSERT_EQ(b[i], static_cast<float>(2.0 * RoundFp8(x[i], Fp8Format::kE4M3))) << i;
 }
 
+// The MLP's activations and their gradients (float64, from the activation's definition).
+double GeluRef(double x, bool tanh_approx) {
+  if (tanh_approx)
+    return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+  return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
+}
+double GeluGradRef(double x, bool tanh_approx) {
+  if (tanh_approx) {
+    const double u = std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x);
+    const double t = std::tanh(u);
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * std::sqrt(2 / M_PI) * (1 + 3 * 0.044715 * x * x);
+  }
+  return 0.5 * (1 + std::erf(x / std::sqrt(2.0))) +
+         x * std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI);
+}
+double SigmoidRef(double x) { return 1 / (1 + std::exp(-x)); }
+
+// CastSourceToFp8: for each source (a tensor; GELU (tanh, erf) and SwiGLU of fc1's output; their
+// gradients), on a shape cut at the tiles' edges, every byte is the float64 value's rounding (or
+// the neighbour's when the value lies within the approximations' error of a rounding boundary),
+// the transpose holds the same bytes, the amax is the values' (also in the amax-only pass), and
+// the column sums added to the bias gradient are the values'.
+TEST_F(Fp8Test, ActivationSourcesCastAndSumColumns) {
+  const int64_t rows = 136, w = 100;  // 136 = 2 tiles + 8 rows
+  const auto x = RoundT<bf16>(Rand(rows * 2 * w, 180, 2.0f));
+  const auto dy = RoundT<bf16>(Rand(rows * w, 181, 0.5f));
+  auto dx = DevT<bf16>(x), ddy = DevT<bf16>(dy);
+  struct Case {
+    Fp8Activation act;
+    bool grad;
+  };
+  for (const Case c : {Case{Fp8Activation::kNone, false}, Case{Fp8Activation::kGeluTanh, false},
+                       Case{Fp8Activation::kGeluErf, false}, Case{Fp8Activation::kSwiglu, false},
+                       Case{Fp8Activation::kGeluTanh, true}, Case{Fp8Activation::kGeluErf, true},
+                       Case{Fp8Activation::kSwiglu, true}}) {
+    const bool swiglu = c.act == Fp8Activation::kSwiglu;
+    SCOPED_TRACE(testing::Message() << "activation " << int(c.act) << (c.grad ? " gradient" : ""));
+    // The source's values: cols wide; x read as [rows, cols] (GELU, plain) or [rows, 2w] (SwiGLU).
+    const int64_t cols = swiglu && c.grad ? 2 * w : swiglu ? w : 2 * w;
+    // Each value and the size of its terms, which bounds the error of the special-function
+    // unit's exp and reciprocal that the kernel uses.
+    std::vector<double> want(rows * cols), terms(rows * cols, 0.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < cols; ++j) {
+        double v, t = 0;
+        const bool tanh_approx = c.act == Fp8Activation::kGeluTanh;
+        if (c.act == Fp8Activation::kNone) {
+          v = x[r * cols + j];
+        } else if (!swiglu) {
+          const double xv = x[r * cols + j];
+          // GELU's gradient reads dy as [rows, cols] (dy_wide below).
+          const double d = dy[(r * cols + j) % dy.size()];
+          v = c.grad ? d * GeluGradRef(xv, tanh_approx) : GeluRef(xv, tanh_approx);
+          t = c.grad ? std::fabs(d) * (1 + std::fabs(xv) + 0.2 * std::pow(std::fabs(xv), 3))
+                     : std::fabs(xv);
+        } else {
+          const int64_t k = c.grad && j >= w ? j - w : j;
+          const double gate = x[r * 2 * w + k], up = x[r * 2 * w + w + k], s = SigmoidRef(gate);
+          if (!c.grad) {
+            v = gate * s * up;
+            t = std::fabs(gate * up);
+          } else {
+            const double d = dy[r * w + k];
+            v = j < w ? d * up * s * (1 + gate * (1 - s)) : d * gate * s;
+            t = std::fabs(d) * (j < w ? std::fabs(up) * (1 + std::fabs(gate)) : std::fabs(gate));
+          }
+        }
+        want[r * cols + j] = v;
+        terms[r * cols + j] = t;
+      }
+    }
+    // GELU's gradient pairs dy [rows, 2w] with x: give it a dy of that shape.
+    std::vector<float> dy_wide(rows * cols);
+    for (size_t i = 0; i < dy_wide.size(); ++i) dy_wide[i] = dy[i % dy.size()];
+    auto ddy_wide = DevT<bf16>(dy_wide);
+    Fp8Source src{dx->get(), c.act, nullptr};
+    if (c.grad) src.dact = swiglu ? ddy->get() : ddy_wide->get();
+    const float scale = 40.0f;
+    const Fp8Format f = c.grad ? Fp8Format::kE5M2 : Fp8Format::kE4M3;
+    Dev<float> dscale(std::vector<float>{scale}), amax(std::vector<float>{0.0f}),
+        amax_only(std::vector<float>{0.0f}), dbias(std::vector<float>(cols, 0.25f)),
+        workspace(Fp8BiasWorkspace(rows, cols));
+    Dev<uint8_t> q(rows * cols), qt(rows * cols);
+    CastSourceToFp8(q.get(), qt.get(), amax.get(), src, rows, cols, dscale.get(), f, dbias.get(),
+                    workspace.get(), MainStream());
+    CastSourceToFp8(nullptr, nullptr, amax_only.get(), src, rows, cols, dscale.get(), f, nullptr,
+                    nullptr, MainStream());
+    const auto got = q.Download(), got_t = qt.Download();
+    double want_amax = 0;
+    std::vector<double> sums(cols, 0.25), mags(cols, 0.0);
+    size_t bad = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < cols; ++j) {
+        const double v = want[r * cols + j], vs = v * scale;
+        want_amax = std::max(want_amax, std::fabs(v));
+        sums[j] += v;
+        mags[j] += std::fabs(v);
+        const double g = Decode(got[r * cols + j], f);
+        // Rounding is monotonic: the byte lies between the roundings of the value's error
+        // interval (zeros of either sign equal: an activation's sign of zero carries nothing).
+        const double slack = 1e-4 * scale * terms[r * cols + j];
+        const bool ok = g >= RoundFp8(static_cast<float>(vs - slack), f) &&
+                        g <= RoundFp8(static_cast<float>(vs + slack), f);
+        if (!ok && bad++ < 5)
+          ADD_FAILURE() << r << "," << j << ": x "
+                        << (swiglu ? x[r * 2 * w + j % w] : x[r * cols + j]) << ", value x scale "
+                        << vs << " cast to " << g;
+        ASSERT_EQ(got_t[j * rows + r], got[r * cols + j]) << r << "," << j;
+      }
+    }
+    EXPECT_EQ(bad, 0u);
+    EXPECT_NEAR(amax.Download()[0], want_amax, 1e-4 * want_amax);
+    EXPECT_EQ(amax_only.Download()[0], amax.Download()[0]);
+    const auto got_bias = dbias.Download();
+    for (int64_t j = 0; j < cols; ++j)
+      ASSERT_NEAR(got_bias[j], sums[j], 1e-4 * mags[j] + 1e-6) << "column " << j;
+  }
+}
+
 // TransformerEngine's update: scale = max / amax / 2^margin; amax 0, inf or NaN keep the scale.
 TEST_F(Fp8Test, ScaleUpdate) {
   for (float amax_v : {3.5f, 0.0f, INFINITY, NAN}) {

@@ -24,6 +24,31 @@ template <typename T>
 void CastToFp8(uint8_t* out, uint8_t* out_t, float* amax, const T* x, int64_t rows, int64_t cols,
                const float* scale, Fp8Format format, cudaStream_t s);
 
+// The MLP's activation (fc1's output to fc2's input).
+enum class Fp8Activation { kNone, kGeluTanh, kGeluErf, kSwiglu };
+
+// What a cast of an MLP tensor reads, the activation computed on the way in fp32 (its value is
+// not rounded to bf16 before the cast):
+//   dact null: act(x), x being fc1's output [rows, cols] (GELU) or [rows, 2·cols] (SwiGLU, gate
+//     then up); with kNone x itself [rows, cols].
+//   dact given: fc1's output gradient from the activation's output gradient dact [rows, w] and
+//     fc1's output x: GELU dact·gelu'(x), cols = w; SwiGLU cols = 2w, the gate's gradient in
+//     columns [0, w) and the up projection's in [w, 2w).
+struct Fp8Source {
+  const bf16* x = nullptr;
+  Fp8Activation act = Fp8Activation::kNone;
+  const bf16* dact = nullptr;
+};
+
+// CastToFp8 of a source's [rows, cols] values; rows and cols multiples of 4, pointers 8-byte
+// aligned. With neither out nor out_t only the amax (current scaling's first pass). With `dbias`
+// also dbias[c] += Σ_r value[r, c] in fp32, in a fixed order: `workspace` holds
+// Fp8BiasWorkspace(rows, cols) floats.
+void CastSourceToFp8(uint8_t* out, uint8_t* out_t, float* amax, const Fp8Source& src, int64_t rows,
+                     int64_t cols, const float* scale, Fp8Format format, float* dbias,
+                     float* workspace, cudaStream_t s);
+int64_t Fp8BiasWorkspace(int64_t rows, int64_t cols);
+
 // amax = max(amax, max |x|) (NaN ignored). Deterministic: a maximum does not depend on order.
 template <typename T>
 void AbsMax(float* amax, const T* x, size_t n, cudaStream_t s);

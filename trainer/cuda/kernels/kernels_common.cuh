@@ -112,6 +112,37 @@ __device__ __forceinline__ void Store(T* p, const float (&f)[W]) {
   }
 }
 
+// ---- activations (the formulas of CpuOps::GeluForward / GeluBackward and SwiGLU's) ----
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kInvSqrt2 = 0.7071067811865476f;
+constexpr float kInvSqrt2Pi = 0.3989422804014327f;
+
+__device__ __forceinline__ float Gelu(float x, bool tanh_approx) {
+  if (tanh_approx) return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+  return 0.5f * x * (1.0f + erff(x * kInvSqrt2));
+}
+__device__ __forceinline__ float GeluGrad(float x, bool tanh_approx) {
+  if (tanh_approx) {
+    const float t = tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x));
+    return 0.5f * (1.0f + t) +
+           0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * x * x);
+  }
+  return 0.5f * (1.0f + erff(x * kInvSqrt2)) + x * kInvSqrt2Pi * expf(-0.5f * x * x);
+}
+// silu(gate) · up, and its gradients for the output gradient dy.
+__device__ __forceinline__ float Swiglu(float gate, float up) {
+  return gate / (1.0f + expf(-gate)) * up;
+}
+__device__ __forceinline__ float SwigluGradGate(float gate, float up, float dy) {
+  const float sig = 1.0f / (1.0f + expf(-gate));
+  return dy * up * sig * (1.0f + gate * (1.0f - sig));
+}
+__device__ __forceinline__ float SwigluGradUp(float gate, float dy) {
+  const float sig = 1.0f / (1.0f + expf(-gate));
+  return dy * gate * sig;
+}
+
 // ---- reductions (blockDim.x a multiple of 32, at most 1024) ----
 
 struct SumOp {

@@ -8,24 +8,6 @@ namespace leantron::trainer::cuda {
 namespace {
 using namespace detail;
 
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-constexpr float kInvSqrt2 = 0.7071067811865476f;
-constexpr float kInvSqrt2Pi = 0.3989422804014327f;
-
-// The formulas of CpuOps::GeluForward / GeluBackward.
-__device__ __forceinline__ float Gelu(float x, bool tanh_approx) {
-  if (tanh_approx) return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
-  return 0.5f * x * (1.0f + erff(x * kInvSqrt2));
-}
-__device__ __forceinline__ float GeluGrad(float x, bool tanh_approx) {
-  if (tanh_approx) {
-    const float t = tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x));
-    return 0.5f * (1.0f + t) +
-           0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * x * x);
-  }
-  return 0.5f * (1.0f + erff(x * kInvSqrt2)) + x * kInvSqrt2Pi * expf(-0.5f * x * x);
-}
-
 // out = in, converted (rounded to nearest even when narrowing).
 template <typename Out, typename In>
 struct ConvertOp {
@@ -97,7 +79,7 @@ struct SwigluForwardOp {
     Load<W>(gate, in + r * 2 * width + c);
     Load<W>(up, in + r * 2 * width + width + c);
 #pragma unroll
-    for (int j = 0; j < W; ++j) gate[j] = gate[j] / (1.0f + expf(-gate[j])) * up[j];
+    for (int j = 0; j < W; ++j) gate[j] = Swiglu(gate[j], up[j]);
     Store<W>(out + i, gate);
   }
 };
@@ -117,9 +99,8 @@ struct SwigluBackwardOp {
     Load<W>(dy, dout + i);
 #pragma unroll
     for (int j = 0; j < W; ++j) {
-      const float sig = 1.0f / (1.0f + expf(-gate[j]));
-      dup[j] = dy[j] * gate[j] * sig;
-      dgate[j] = dy[j] * up[j] * sig * (1.0f + gate[j] * (1.0f - sig));
+      dup[j] = SwigluGradUp(gate[j], dy[j]);
+      dgate[j] = SwigluGradGate(gate[j], up[j], dy[j]);
     }
     Store<W>(din + r * 2 * width + c, dgate);
     Store<W>(din + r * 2 * width + width + c, dup);

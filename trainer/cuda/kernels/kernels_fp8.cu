@@ -95,30 +95,120 @@ __device__ __forceinline__ void Load4(const float* p, float v[4]) {
   v[3] = raw.w;
 }
 
-// The same cast on 64 x 64 tiles, 16 x 16 threads, four adjacent elements per thread and step:
-// one vector load and one 4-byte store of `out`, and 4-byte stores of four adjacent elements of a
+// The activations for casts to FP8, on the special-function unit (ex2.approx, rcp.approx): the
+// library's tanhf made these casts compute-bound. Tanh GELU as x·σ(2u), u = √(2/π)(x + 0.044715x³)
+// (0.5(1 + tanh u) = σ(2u)), so its value and gradient keep their relative accuracy (about 1e-6)
+// where tanh u nears ±1; FP8 keeps 2^-4.
+__device__ __forceinline__ float SigmoidApprox(float x) {
+  return __fdividef(1.0f, 1.0f + __expf(-x));
+}
+__device__ __forceinline__ float GeluFp8(float x, bool tanh_approx) {
+  if (tanh_approx) return x * SigmoidApprox(2.0f * kSqrt2OverPi * (x + 0.044715f * x * x * x));
+  return 0.5f * x * (1.0f + erff(x * kInvSqrt2));
+}
+__device__ __forceinline__ float GeluGradFp8(float x, bool tanh_approx) {
+  if (tanh_approx) {
+    const float s = SigmoidApprox(2.0f * kSqrt2OverPi * (x + 0.044715f * x * x * x));
+    return s + 2.0f * x * s * (1.0f - s) * kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * x * x);
+  }
+  return 0.5f * (1.0f + erff(x * kInvSqrt2)) + x * kInvSqrt2Pi * __expf(-0.5f * x * x);
+}
+
+// What the vector kernel reads, four adjacent elements (r, c..c+3) at a time as floats.
+template <typename T>
+struct PlainSource {
+  const T* x;
+  int64_t cols;
+  __device__ void Load(int64_t r, int64_t c, float v[4]) const { Load4(x + r * cols + c, v); }
+};
+
+struct GeluSource {  // gelu(x), x [rows, cols]
+  const bf16* x;
+  int64_t cols;
+  bool tanh_approx;
+  __device__ void Load(int64_t r, int64_t c, float v[4]) const {
+    Load4(x + r * cols + c, v);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] = GeluFp8(v[j], tanh_approx);
+  }
+};
+
+struct SwigluSource {  // silu(gate)·up, x [rows, 2w] = [gate | up]
+  const bf16* x;
+  int64_t w;
+  __device__ void Load(int64_t r, int64_t c, float v[4]) const {
+    float up[4];
+    Load4(x + r * 2 * w + c, v);
+    Load4(x + r * 2 * w + w + c, up);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] = v[j] * SigmoidApprox(v[j]) * up[j];
+  }
+};
+
+struct GeluGradSource {  // dact·gelu'(x)
+  const bf16 *x, *dact;
+  int64_t cols;
+  bool tanh_approx;
+  __device__ void Load(int64_t r, int64_t c, float v[4]) const {
+    float xv[4];
+    Load4(x + r * cols + c, xv);
+    Load4(dact + r * cols + c, v);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] *= GeluGradFp8(xv[j], tanh_approx);
+  }
+};
+
+struct SwigluGradSource {  // [d gate | d up] [rows, 2w] from dact [rows, w], x [rows, 2w]
+  const bf16 *x, *dact;
+  int64_t w;
+  __device__ void Load(int64_t r, int64_t c, float v[4]) const {
+    const bool gate_part = c < w;  // four adjacent columns never straddle w (a multiple of 4)
+    const int64_t j0 = gate_part ? c : c - w;
+    float gate[4], dy[4];
+    Load4(x + r * 2 * w + j0, gate);
+    Load4(dact + r * w + j0, dy);
+    if (gate_part) {
+      float up[4];
+      Load4(x + r * 2 * w + w + j0, up);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float sig = SigmoidApprox(gate[j]);
+        v[j] = dy[j] * up[j] * sig * (1.0f + gate[j] * (1.0f - sig));
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v[j] = dy[j] * gate[j] * SigmoidApprox(gate[j]);
+    }
+  }
+};
+
+// The cast on 64 x 64 tiles, 16 x 16 threads, four adjacent elements per thread and step: one
+// vector load and one 4-byte store of `out`, and 4-byte stores of four adjacent elements of a
 // row of `out_t`. Needs cols a multiple of 4 (and rows too with out_t) and aligned pointers.
+// With `bias_partials` each tile's column sums go to bias_partials[blockIdx.y · cols + c].
 constexpr int kVecTile = 64, kVecThreads = 16;
 
-template <typename T>
-__global__ void CastToFp8Vec4Kernel(uint8_t* out, uint8_t* out_t, float* amax, const T* x,
-                                    int64_t rows, int64_t cols, const float* scale_p, Fp8Format f) {
+template <typename Source>
+__global__ void CastToFp8Vec4Kernel(uint8_t* out, uint8_t* out_t, float* amax, Source src,
+                                    int64_t rows, int64_t cols, const float* scale_p, Fp8Format f,
+                                    float* bias_partials) {
   __shared__ uint8_t tile[kVecTile][kVecTile + 4];
   const float scale = *scale_p;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kVecTile,
                 c0 = static_cast<int64_t>(blockIdx.x) * kVecTile;
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t c = c0 + 4 * tx;
-  float m = 0.0f;
+  float m = 0.0f, sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int i = ty; i < kVecTile; i += kVecThreads) {
     const int64_t r = r0 + i;
     if (r < rows && c < cols) {
       float v[4];
-      Load4(x + r * cols + c, v);
+      src.Load(r, c, v);
       uint32_t packed = 0;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         m = fmaxf(m, fabsf(v[j]));
+        sums[j] += v[j];
         const uint8_t q = ToFp8(v[j] * scale, f);
         tile[i][4 * tx + j] = q;
         packed |= static_cast<uint32_t>(q) << (8 * j);
@@ -127,6 +217,18 @@ __global__ void CastToFp8Vec4Kernel(uint8_t* out, uint8_t* out_t, float* amax, c
     }
   }
   if (amax != nullptr) BlockMaxAbs(amax, m);
+  if (bias_partials != nullptr) {
+    __shared__ float col_sums[kVecThreads][kVecTile];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) col_sums[ty][4 * tx + j] = sums[j];
+    __syncthreads();
+    const int t = ty * kVecThreads + tx;
+    if (t < kVecTile && c0 + t < cols) {
+      float total = 0.0f;
+      for (int i = 0; i < kVecThreads; ++i) total += col_sums[i][t];
+      bias_partials[static_cast<int64_t>(blockIdx.y) * cols + c0 + t] = total;
+    }
+  }
   if (out_t == nullptr) return;
   __syncthreads();
   const int64_t r = r0 + 4 * tx;
@@ -139,6 +241,16 @@ __global__ void CastToFp8Vec4Kernel(uint8_t* out, uint8_t* out_t, float* amax, c
       *reinterpret_cast<uint32_t*>(out_t + cc * rows + r) = packed;
     }
   }
+}
+
+// dbias[c] += Σ_b partials[b · cols + c], b in order.
+__global__ void AddBiasPartialsKernel(float* dbias, const float* partials, int64_t blocks,
+                                      int64_t cols) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  float total = 0.0f;
+  for (int64_t b = 0; b < blocks; ++b) total += partials[b * cols + c];
+  dbias[c] += total;
 }
 
 template <typename T>
@@ -210,8 +322,8 @@ void CastToFp8(uint8_t* out, uint8_t* out_t, float* amax, const T* x, int64_t ro
   if (vec) {
     const dim3 grid(static_cast<unsigned>(CeilDiv(cols, int64_t{kVecTile})),
                     static_cast<unsigned>(CeilDiv(rows, int64_t{kVecTile})));
-    CastToFp8Vec4Kernel<T><<<grid, dim3(kVecThreads, kVecThreads), 0, s>>>(
-        out, out_t, amax, x, rows, cols, scale, format);
+    CastToFp8Vec4Kernel<<<grid, dim3(kVecThreads, kVecThreads), 0, s>>>(
+        out, out_t, amax, PlainSource<T>{x, cols}, rows, cols, scale, format, nullptr);
   } else {
     const dim3 grid(static_cast<unsigned>(CeilDiv(cols, int64_t{kTile})),
                     static_cast<unsigned>(CeilDiv(rows, int64_t{kTile})));
@@ -219,6 +331,48 @@ void CastToFp8(uint8_t* out, uint8_t* out_t, float* amax, const T* x, int64_t ro
         <<<grid, dim3(kTile, kTileRows), 0, s>>>(out, out_t, amax, x, rows, cols, scale, format);
   }
   LT_CUDA_LAUNCH_CHECK();
+}
+
+int64_t Fp8BiasWorkspace(int64_t rows, int64_t cols) {
+  return CeilDiv(rows, int64_t{kVecTile}) * cols;
+}
+
+void CastSourceToFp8(uint8_t* out, uint8_t* out_t, float* amax, const Fp8Source& src, int64_t rows,
+                     int64_t cols, const float* scale, Fp8Format format, float* dbias,
+                     float* workspace, cudaStream_t s) {
+  if (rows == 0 || cols == 0) return;
+  if (rows % 4 != 0 || cols % 4 != 0 || !Aligned(src.x, 8) || !Aligned(src.dact, 8) ||
+      !Aligned(out, 4) || !Aligned(out_t, 4))
+    Die("CastSourceToFp8", "needs rows and columns in multiples of 4 and aligned tensors", __FILE__,
+        __LINE__);
+  const dim3 grid(static_cast<unsigned>(CeilDiv(cols, int64_t{kVecTile})),
+                  static_cast<unsigned>(CeilDiv(rows, int64_t{kVecTile})));
+  const dim3 block(kVecThreads, kVecThreads);
+  float* partials = dbias != nullptr ? workspace : nullptr;
+  auto launch = [&](auto source) {
+    CastToFp8Vec4Kernel<<<grid, block, 0, s>>>(out, out_t, amax, source, rows, cols, scale, format,
+                                               partials);
+    LT_CUDA_LAUNCH_CHECK();
+  };
+  const bool tanh_approx = src.act == Fp8Activation::kGeluTanh;
+  if (src.act == Fp8Activation::kNone) {
+    launch(PlainSource<bf16>{src.x, cols});
+  } else if (src.dact == nullptr) {
+    if (src.act == Fp8Activation::kSwiglu) {
+      launch(SwigluSource{src.x, cols});
+    } else {
+      launch(GeluSource{src.x, cols, tanh_approx});
+    }
+  } else if (src.act == Fp8Activation::kSwiglu) {
+    launch(SwigluGradSource{src.x, src.dact, cols / 2});
+  } else {
+    launch(GeluGradSource{src.x, src.dact, cols, tanh_approx});
+  }
+  if (partials != nullptr) {
+    AddBiasPartialsKernel<<<static_cast<unsigned>(CeilDiv(cols, int64_t{256})), 256, 0, s>>>(
+        dbias, partials, CeilDiv(rows, int64_t{kVecTile}), cols);
+    LT_CUDA_LAUNCH_CHECK();
+  }
 }
 
 template <typename T>
