@@ -70,30 +70,46 @@ Product Multiply(int64_t m, int64_t n, int64_t kk, FA a, FB b) {
 
 class Fp8LinearTest : public GpuTest {};
 
+// Two FP8 linear layers' context: kRows rows, layers up to max(kIn, kOut) wide.
+struct Rig {
+  static Fp8Options Options(bool delayed, bool hybrid) {
+    Fp8Options o;
+    o.enabled = true;
+    o.hybrid = hybrid;
+    o.delayed = delayed;
+    o.amax_history_len = 4;
+    o.amax_most_recent = false;
+    return o;
+  }
+  Rig(bool delayed, bool hybrid)
+      : tp(nullptr, false, RowGeometry{kRows, kRows, 0, kIn}, false, &prof),
+        scaling(Options(delayed, hybrid), 2, &memory),
+        products(&scaling, kRows, std::max(kIn, kOut), std::max(kIn, kOut), &memory) {
+    ctx.mm = &mm;
+    ctx.tp = &tp;
+    ctx.prof = &prof;
+    ctx.bias_grad = memory.Alloc<float>(kOut);
+    ctx.scratch = {memory.Alloc<char>(8 << 20), size_t{8} << 20};
+    ctx.fp8 = &products;
+  }
+  DeviceMemory memory;
+  OpProfile prof{/*detailed=*/false, /*by_precision=*/true};
+  Matmul mm{/*tune=*/false};
+  TensorParallel tp;
+  Fp8Scaling scaling;
+  Fp8Products products;
+  LinearContext ctx;
+};
+
 TEST_F(Fp8LinearTest, ColumnAndRowLayersFollowTheFloat64Products) {
   for (const bool delayed : {false, true}) {
     for (const bool hybrid : {false, true}) {
       SCOPED_TRACE(testing::Message()
                    << (delayed ? "delayed" : "tensorwise") << (hybrid ? " hybrid" : " e4m3"));
-      DeviceMemory memory;
-      OpProfile prof(/*detailed=*/false, /*by_precision=*/true);
-      Matmul mm(/*tune=*/false);
-      TensorParallel tp(nullptr, false, RowGeometry{kRows, kRows, 0, kIn}, false, &prof);
-      Fp8Options o;
-      o.enabled = true;
-      o.hybrid = hybrid;
-      o.delayed = delayed;
-      o.amax_history_len = 4;
-      o.amax_most_recent = false;
-      Fp8Scaling scaling(o, 2, &memory);
-      Fp8Products products(&scaling, kRows, std::max(kIn, kOut), std::max(kIn, kOut), &memory);
-      LinearContext ctx;
-      ctx.mm = &mm;
-      ctx.tp = &tp;
-      ctx.prof = &prof;
-      ctx.bias_grad = memory.Alloc<float>(kOut);
-      ctx.scratch = {memory.Alloc<char>(8 << 20), size_t{8} << 20};
-      ctx.fp8 = &products;
+      Rig rig(delayed, hybrid);
+      DeviceMemory& memory = rig.memory;
+      Fp8Scaling& scaling = rig.scaling;
+      const LinearContext& ctx = rig.ctx;
 
       // Inputs as bf16 holds them; gradients small (1e-4), as a loss scaled by tokens makes them.
       const auto x = RoundT<bf16>(Rand(kRows * kIn, 1, 1.0f));
@@ -170,6 +186,143 @@ TEST_F(Fp8LinearTest, ColumnAndRowLayersFollowTheFloat64Products) {
         for (int64_t r = 0; r < kRows; ++r)
           for (int64_t c = 0; c < cols; ++c) want[c] += (*g)[r * cols + c];
         EXPECT_TRUE(Close(db->Download(), want, 1e-3)) << "bias gradient";
+      }
+    }
+  }
+}
+
+// fc1's output through the activation (act(h) [rows, ffn] from h [rows, fc1]) and the gradient
+// of fc1's output from the activation's (d [rows, ffn]), in float64.
+std::vector<double> Activate(Fp8Activation act, const std::vector<float>& h, int64_t ffn) {
+  const bool swiglu = act == Fp8Activation::kSwiglu, tanh_approx = act == Fp8Activation::kGeluTanh;
+  const int64_t fc1 = swiglu ? 2 * ffn : ffn;
+  std::vector<double> a(kRows * ffn);
+  for (int64_t r = 0; r < kRows; ++r) {
+    for (int64_t j = 0; j < ffn; ++j) {
+      const double x = h[r * fc1 + j];
+      if (swiglu) {
+        a[r * ffn + j] = x / (1 + std::exp(-x)) * h[r * fc1 + ffn + j];
+      } else if (tanh_approx) {
+        a[r * ffn + j] =
+            0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+      } else {
+        a[r * ffn + j] = 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
+      }
+    }
+  }
+  return a;
+}
+std::vector<double> ActivationGrad(Fp8Activation act, const std::vector<float>& h,
+                                   const std::vector<float>& d, int64_t ffn) {
+  const bool swiglu = act == Fp8Activation::kSwiglu;
+  const int64_t fc1 = swiglu ? 2 * ffn : ffn;
+  std::vector<double> g(kRows * fc1);
+  // The derivative by a central difference of the float64 activation would be approximate; the
+  // closed forms instead.
+  for (int64_t r = 0; r < kRows; ++r) {
+    for (int64_t j = 0; j < ffn; ++j) {
+      const double x = h[r * fc1 + j], dy = d[r * ffn + j];
+      if (swiglu) {
+        const double up = h[r * fc1 + ffn + j], s = 1 / (1 + std::exp(-x));
+        g[r * fc1 + j] = dy * up * s * (1 + x * (1 - s));
+        g[r * fc1 + ffn + j] = dy * x * s;
+      } else if (act == Fp8Activation::kGeluTanh) {
+        const double k = std::sqrt(2 / M_PI), t = std::tanh(k * (x + 0.044715 * x * x * x));
+        g[r * fc1 + j] =
+            dy * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x));
+      } else {
+        g[r * fc1 + j] = dy * (0.5 * (1 + std::erf(x / std::sqrt(2.0))) +
+                               x * std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI));
+      }
+    }
+  }
+  return g;
+}
+
+// The MLP's FP8 path (MlpBlock's): fc2's casts compute the activation of fc1's output, in the
+// forward and (transposed) in the backward or kept from the forward, and fc1's output gradient is
+// computed by its own cast from the activation's gradient, its bias gradient summed on the way;
+// for tanh and erf GELU and SwiGLU, both recipes, against float64 products of the float64
+// activation of fc1's output as the GPU left it.
+TEST_F(Fp8LinearTest, MlpActivationComputedByTheCasts) {
+  for (const Fp8Activation act :
+       {Fp8Activation::kGeluTanh, Fp8Activation::kGeluErf, Fp8Activation::kSwiglu}) {
+    for (const bool delayed : {false, true}) {
+      SCOPED_TRACE(testing::Message()
+                   << "activation " << int(act) << (delayed ? " delayed" : " tensorwise"));
+      Rig rig(delayed, /*hybrid=*/true);
+      const int64_t fc1 = kOut, ffn = act == Fp8Activation::kSwiglu ? kOut / 2 : kOut;
+      const auto x = RoundT<bf16>(Rand(kRows * kIn, 21, 1.0f));
+      const auto w1 = RoundT<bf16>(Rand(fc1 * kIn, 22, 0.1f));
+      const auto b1 = RoundT<bf16>(Rand(fc1, 23, 0.1f));
+      const auto w2 = RoundT<bf16>(Rand(kIn * ffn, 24, 0.05f));
+      const auto b2 = RoundT<bf16>(Rand(kIn, 25, 0.1f));
+      const auto g2 = RoundT<bf16>(Rand(kRows * kIn, 26, 1e-4f));
+      auto dx = DevT<bf16>(x), dw1 = DevT<bf16>(w1), db1 = DevT<bf16>(b1);
+      auto dw2 = DevT<bf16>(w2), db2 = DevT<bf16>(b2), dg2 = DevT<bf16>(g2);
+      Dev<bf16> pre(kRows * fc1), dact(kRows * ffn), din1(kRows * kIn);
+      Dev<float> gw1(fc1 * kIn), gb1(fc1), gw2(kIn * ffn), gb2(kIn);
+      bf16* partial = rig.memory.Alloc<bf16>(kRows * kIn);
+      const RowParallelBuffers row_out{partial, partial, nullptr};
+      ColumnParallelLinear col(rig.ctx, kIn, fc1, dw1->get(), db1->get(), gw1.get(), gb1.get(),
+                               true);
+      RowParallelLinear row(rig.ctx, row_out, ffn, kIn, dw2->get(), db2->get(), gw2.get(),
+                            gb2.get(), true);
+      // Delayed: the inputs' transposes kept by the forward casts (MlpBlock's Acts::in_t and
+      // act_t); tensorwise: cast again in the backward.
+      Dev<uint8_t> in_t(kRows * kIn), act_t(kRows * ffn);
+      uint8_t* keep_in = delayed ? in_t.get() : nullptr;
+      uint8_t* keep_act = delayed ? act_t.get() : nullptr;
+      for (int step = 0; step < (delayed ? 2 : 1); ++step) {
+        rig.scaling.NewWeights(nullptr);
+        for (Dev<float>* g : {&gw1, &gb1, &gw2, &gb2})
+          LT_CUDA_CHECK(cudaMemsetAsync(g->get(), 0, g->size() * sizeof(float), MainStream()));
+        col.Forward("fc1", dx->get(), pre.get(), keep_in);
+        row.Forward("fc2", Fp8Source{pre.get(), act}, keep_act);
+        row.Backward("fc2 bwd", dg2->get(), Fp8Source{pre.get(), act}, dact.get(), keep_act);
+        col.Backward("fc1 bwd", Fp8Source{pre.get(), act, dact.get()}, dx->get(), din1.get(),
+                     keep_in);
+      }
+      const double e4 = 1.0 / 16, e5 = 1.0 / 8;
+      const double fwd = (1 + e4) * (1 + e4) - 1 + 1.0 / 2048,
+                   bwd = (1 + e4) * (1 + e5) - 1 + 1.0 / 4096;
+      const double bf16_out = 1.0 / 256;
+      const auto h = DownF(pre);
+      const std::vector<double> a = Activate(act, h, ffn);
+      std::vector<bf16> part_raw(kRows * kIn);
+      LT_CUDA_CHECK(cudaMemcpy(part_raw.data(), partial, part_raw.size() * sizeof(bf16),
+                               cudaMemcpyDeviceToHost));
+      const Product p2 = Multiply(
+          kRows, kIn, ffn, [&](int64_t i, int64_t k) { return a[i * ffn + k]; },
+          [&](int64_t j, int64_t k) { return w2[j * ffn + k]; });
+      EXPECT_TRUE(WithinFp8(FromT<bf16>(part_raw), p2, fwd, 0.06, bf16_out, &b2)) << "fc2 forward";
+      const Product pw2 = Multiply(
+          kIn, ffn, kRows, [&](int64_t i, int64_t r) { return g2[r * kIn + i]; },
+          [&](int64_t j, int64_t r) { return a[r * ffn + j]; });
+      EXPECT_TRUE(WithinFp8(gw2.Download(), pw2, bwd, 0.09, 1e-6)) << "fc2 weight gradient";
+      const Product pd2 = Multiply(
+          kRows, ffn, kIn, [&](int64_t i, int64_t k) { return g2[i * kIn + k]; },
+          [&](int64_t j, int64_t k) { return w2[k * ffn + j]; });
+      const auto d = DownF(dact);
+      EXPECT_TRUE(WithinFp8(d, pd2, bwd, 0.09, bf16_out)) << "the activation's gradient";
+      const std::vector<double> dfc = ActivationGrad(act, h, d, ffn);
+      const Product pd1 = Multiply(
+          kRows, kIn, fc1, [&](int64_t i, int64_t k) { return dfc[i * fc1 + k]; },
+          [&](int64_t j, int64_t k) { return w1[k * kIn + j]; });
+      EXPECT_TRUE(WithinFp8(DownF(din1), pd1, bwd, 0.09, bf16_out)) << "fc1 data gradient";
+      const Product pw1 = Multiply(
+          fc1, kIn, kRows, [&](int64_t i, int64_t r) { return dfc[r * fc1 + i]; },
+          [&](int64_t j, int64_t r) { return x[r * kIn + j]; });
+      EXPECT_TRUE(WithinFp8(gw1.Download(), pw1, bwd, 0.09, 1e-6)) << "fc1 weight gradient";
+      // fc1's bias gradient: fp32 sums of the gradient's values (not FP8).
+      const auto got_b1 = gb1.Download();
+      for (int64_t j = 0; j < fc1; ++j) {
+        double sum = 0, mag = 0;
+        for (int64_t r = 0; r < kRows; ++r) {
+          sum += dfc[r * fc1 + j];
+          mag += std::fabs(dfc[r * fc1 + j]);
+        }
+        ASSERT_NEAR(got_b1[j], sum, 1e-5 * mag + 1e-12) << "fc1 bias gradient " << j;
       }
     }
   }

@@ -7,6 +7,7 @@
 - a resumed FP8 run is bitwise the straight one (losses, weights, optimizer and FP8 state), with
   an evaluation between the step and the save;
 - bf16 checkpoints load into FP8 runs and back;
+- every recomputation mode gives the plain FP8 run's losses bitwise;
 - the report names the time in FP8 products, casts and bf16 products, and the layers kept in bf16
   by --first-last-layers-bf16 show up there.
     LEANTRON_QUICKSTART_DATA=.../english_text_document python3 -m pytest -v tests/gpu/test_gpu_fp8.py
@@ -107,6 +108,32 @@ def test_fp8_resume_is_bitwise(licences, tmp_path, recipe):
     a, b = checkpoint_files(tmp_path / "a", 20), checkpoint_files(tmp_path / "b", 20)
     assert any(p.name == "fp8_state.safetensors" for p in a)
     assert a == b
+
+
+LLAMA_SMALL = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
+               "--disable-bias-linear"]
+RECOMPUTE = {
+    "gelu": ["--recompute-gelu"],
+    "full": ["--recompute-granularity", "full", "--recompute-method", "uniform",
+             "--recompute-num-layers", "1"],
+    "selective": ["--recompute-granularity", "selective", "--recompute-modules", "layernorm",
+                  "mlp"],
+}
+
+
+@pytest.mark.parametrize("arch", [[], LLAMA_SMALL], ids=["gpt2", "llama"])
+def test_fp8_recompute_is_exact(licences, arch):
+    """FP8 layers keep their products' inputs as FP8 transposes and no MLP activation (fc2's
+    casts compute it from fc1's output); each recomputation casts the same values again, so the
+    losses are bitwise those of the plain run, and with bf16 layers among the recomputed ones
+    (--first-last-layers-bf16) too."""
+    for ends in ([], ["--first-last-layers-bf16"]):
+        plain, plain_valid = parse_log(run_train(small(licences, 6, DELAYED + arch + ends)).stdout)
+        for name, extra in RECOMPUTE.items():
+            out = run_train(small(licences, 6, DELAYED + arch + ends + extra))
+            train, valid = parse_log(out.stdout)
+            assert train == plain, (name, ends)
+            assert valid == plain_valid, (name, ends)
 
 
 def test_bf16_checkpoints_load_into_fp8_runs_and_back(licences, tmp_path):

@@ -40,6 +40,24 @@ void Fp8Scaling::Cast(int linear, Kind k, const T* x, int64_t rows, int64_t cols
                MainStream());
 }
 
+void Fp8Scaling::Cast(int linear, Kind k, const Fp8Source& src, int64_t rows, int64_t cols,
+                      uint8_t* out, uint8_t* out_t, bool record, float* dbias,
+                      float* workspace) const {
+  if (src.act == Fp8Activation::kNone && dbias == nullptr)
+    return Cast<bf16>(linear, k, src.x, rows, cols, out, out_t, record);
+  const int64_t t = Index(linear, k);
+  float* amax = histories_ + t * len_;
+  if (!opt_.delayed) {  // the amax of the values first, computed the same way
+    LT_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), MainStream()));
+    CastSourceToFp8(nullptr, nullptr, amax, src, rows, cols, Scale(t), format(k), nullptr, nullptr,
+                    MainStream());
+    ComputeFp8Scale(Scale(t), ScaleInv(t), amax, format(k), opt_.margin, MainStream());
+    record = false;
+  }
+  CastSourceToFp8(out, out_t, record ? amax : nullptr, src, rows, cols, Scale(t), format(k), dbias,
+                  workspace, MainStream());
+}
+
 void Fp8Scaling::ReduceHistories(NcclCommunicator* amax_group) {
   if (!opt_.delayed || amax_group == nullptr || amax_group->size() <= 1) return;
   amax_group->AllReduce(histories_, static_cast<size_t>(3 * linears_) * len_, CommType::kF32,
@@ -68,6 +86,7 @@ Fp8Products::Fp8Products(Fp8Scaling* scaling, int64_t rows, int64_t widest_in, i
   in_t_ = memory->Alloc<uint8_t>(rows * widest_in);
   grad_ = memory->Alloc<uint8_t>(rows * widest_out);
   grad_t_ = memory->Alloc<uint8_t>(rows * widest_out);
+  bias_workspace_ = memory->Alloc<float>(Fp8BiasWorkspace(rows, widest_out));
 }
 
 Fp8Weight Fp8Products::NewWeight(int64_t n, int64_t k) {
@@ -88,8 +107,9 @@ void Fp8Products::PrepareWeight(const Fp8Weight& w, const bf16* w16, int64_t n, 
                                 sizeof(float), cudaMemcpyDeviceToDevice, MainStream()));
 }
 
-void Fp8Products::CastInput(const Fp8Weight& w, const bf16* in, int64_t rows, int64_t k) {
-  scaling_->Cast<bf16>(w.linear, Fp8Scaling::kInput, in, rows, k, in_, nullptr, record_);
+void Fp8Products::CastInput(const Fp8Weight& w, const Fp8Source& in, int64_t rows, int64_t k,
+                            uint8_t* keep_t) {
+  scaling_->Cast(w.linear, Fp8Scaling::kInput, in, rows, k, in_, keep_t, record_);
 }
 
 void Fp8Products::Forward(const Fp8Weight& w, bf16* out, const bf16* bias, int64_t r0, int64_t rows,
@@ -108,9 +128,10 @@ void Fp8Products::Forward(const Fp8Weight& w, bf16* out, const bf16* bias, int64
   if (bias != nullptr) AddBias<bf16>(d, bias, rows, n, MainStream());
 }
 
-void Fp8Products::CastGrad(const Fp8Weight& w, const bf16* dout, int64_t rows, int64_t n) {
-  scaling_->Cast<bf16>(w.linear, Fp8Scaling::kGrad, dout, rows, n, grad_, grad_t_,
-                       /*record=*/true);
+void Fp8Products::CastGrad(const Fp8Weight& w, const Fp8Source& dout, int64_t rows, int64_t n,
+                           float* dbias) {
+  scaling_->Cast(w.linear, Fp8Scaling::kGrad, dout, rows, n, grad_, grad_t_, /*record=*/true, dbias,
+                 bias_workspace_);
 }
 
 void Fp8Products::BackwardData(const Fp8Weight& w, bf16* din, int64_t r0, int64_t rows, int64_t k,
@@ -121,16 +142,17 @@ void Fp8Products::BackwardData(const Fp8Weight& w, bf16* din, int64_t r0, int64_
   mm_.Gemm(k, rows, n, a, b, din + r0 * k, CUDA_R_16BF, k, accumulate, /*fast_accum=*/false);
 }
 
-void Fp8Products::CastInputTransposed(const Fp8Weight& w, const bf16* in, int64_t rows, int64_t k) {
+void Fp8Products::CastInputTransposed(const Fp8Weight& w, const Fp8Source& in, int64_t rows,
+                                      int64_t k) {
   // The forward's scale: delayed scales hold still within a step; current scaling measures the
   // same amax again. Recorded already in the forward.
-  scaling_->Cast<bf16>(w.linear, Fp8Scaling::kInput, in, rows, k, nullptr, in_t_,
-                       /*record=*/false);
+  scaling_->Cast(w.linear, Fp8Scaling::kInput, in, rows, k, nullptr, in_t_, /*record=*/false);
 }
 
-void Fp8Products::BackwardWeight(const Fp8Weight& w, float* dw, int64_t rows, int64_t k,
-                                 int64_t n) {
-  const Fp8Operand a{in_t_, Fp8Format::kE4M3, scaling_->scale_inv(w.linear, Fp8Scaling::kInput)};
+void Fp8Products::BackwardWeight(const Fp8Weight& w, float* dw, int64_t rows, int64_t k, int64_t n,
+                                 const uint8_t* in_t) {
+  const Fp8Operand a{in_t != nullptr ? in_t : in_t_, Fp8Format::kE4M3,
+                     scaling_->scale_inv(w.linear, Fp8Scaling::kInput)};
   const Fp8Operand b{grad_t_, scaling_->format(Fp8Scaling::kGrad),
                      scaling_->scale_inv(w.linear, Fp8Scaling::kGrad)};
   mm_.Gemm(k, n, rows, a, b, dw, CUDA_R_32F, k, /*accumulate=*/true, /*fast_accum=*/false);

@@ -51,6 +51,10 @@ class Fp8Scaling {
   template <typename T>
   void Cast(int linear, Kind k, const T* x, int64_t rows, int64_t cols, uint8_t* out,
             uint8_t* out_t, bool record) const;
+  // The same of a source's values (an MLP activation or its gradient computed on the way), with
+  // `dbias` += their column sums when given (`workspace`: Fp8BiasWorkspace(rows, cols) floats).
+  void Cast(int linear, Kind k, const Fp8Source& src, int64_t rows, int64_t cols, uint8_t* out,
+            uint8_t* out_t, bool record, float* dbias = nullptr, float* workspace = nullptr) const;
   // After the weights changed (an optimizer step, a load): delayed scaling reduces the histories
   // over `amax_group` (null: none), rolls them and recomputes the scales. The weights' FP8 copies
   // are cast again at their next use.
@@ -99,26 +103,33 @@ class Fp8Products {
 
   // Casts W (bf16 [n, k]) when the weights changed since its last cast.
   void PrepareWeight(const Fp8Weight& w, const bf16* w16, int64_t n, int64_t k);
-  // The forward's input, all `rows` rows, cast for Forward.
-  void CastInput(const Fp8Weight& w, const bf16* in, int64_t rows, int64_t k);
+  // The forward's input, all `rows` rows, cast for Forward; with `keep_t` also its transpose
+  // [k, rows] there, for BackwardWeight (the same kernel writes both).
+  void CastInput(const Fp8Weight& w, const Fp8Source& in, int64_t rows, int64_t k,
+                 uint8_t* keep_t = nullptr);
   // out = rows [r0, r0 + rows) of the cast input · Wᵀ (+ bias).
   void Forward(const Fp8Weight& w, bf16* out, const bf16* bias, int64_t r0, int64_t rows, int64_t k,
                int64_t n);
-  // The backward's output gradient, all `rows` rows, cast for BackwardData and BackwardWeight.
-  void CastGrad(const Fp8Weight& w, const bf16* dout, int64_t rows, int64_t n);
+  // The backward's output gradient, all `rows` rows, cast for BackwardData and BackwardWeight;
+  // with `dbias`, += its column sums.
+  void CastGrad(const Fp8Weight& w, const Fp8Source& dout, int64_t rows, int64_t n,
+                float* dbias = nullptr);
   // din (rows [r0, r0 + rows)) = (+=) the cast gradient's rows · W.
   void BackwardData(const Fp8Weight& w, bf16* din, int64_t r0, int64_t rows, int64_t k, int64_t n,
                     bool accumulate = false);
-  // The forward's input (bf16, all `rows` rows) cast again, transposed, for BackwardWeight.
-  void CastInputTransposed(const Fp8Weight& w, const bf16* in, int64_t rows, int64_t k);
-  // dW += the cast gradientᵀ · the transposed input.
-  void BackwardWeight(const Fp8Weight& w, float* dw, int64_t rows, int64_t k, int64_t n);
+  // The forward's input (all `rows` rows) cast again, transposed, for BackwardWeight.
+  void CastInputTransposed(const Fp8Weight& w, const Fp8Source& in, int64_t rows, int64_t k);
+  // dW += the cast gradientᵀ · the transposed input (CastInputTransposed's, or `in_t` that
+  // CastInput kept).
+  void BackwardWeight(const Fp8Weight& w, float* dw, int64_t rows, int64_t k, int64_t n,
+                      const uint8_t* in_t = nullptr);
 
  private:
   Fp8Scaling* scaling_;
   DeviceMemory* memory_;
   Fp8Matmul mm_;
   uint8_t *in_, *in_t_, *grad_, *grad_t_;
+  float* bias_workspace_;  // CastGrad's column sums
   bool record_ = true;
 };
 

@@ -140,6 +140,7 @@ class Bf16Model final : public StageModel {
   bf16* shared_act_ = nullptr;                           // --recompute-gelu
   bf16* shared_norm_ = nullptr;                          // --recompute-modules layernorm
   bf16* shared_pre_ = nullptr;                           // --recompute-modules mlp
+  bf16* fp8_norm_ = nullptr;  // FP8 layers' norm outputs, read by the forward only
   bf16 *junk_ = nullptr, *lnf_full_ = nullptr, *dlnf_full_ = nullptr;
   bf16* dx_ = nullptr;  // the residual stream's gradient, this rank's rows
   bf16 *recv_input_, *recv_grad_;
@@ -317,6 +318,10 @@ Bf16Model::Slot& Bf16Model::GetSlot(int index) {
   for (size_t l = 0; l <= layers_.size(); ++l) s->x.push_back(memory_.Alloc<bf16>(rows_l * h));
   if (opt_.model.recompute_norms && shared_norm_ == nullptr)
     shared_norm_ = memory_.Alloc<bf16>(n * h);
+  if (!opt_.model.recompute_norms && fp8_norm_ == nullptr &&
+      std::any_of(layers_.begin(), layers_.end(),
+                  [](const TransformerLayer& l) { return l.fp8() && !l.recompute(); }))
+    fp8_norm_ = memory_.Alloc<bf16>(n * h);
   // With GELU or MLP recomputation every layer shares one activation buffer (and with MLP
   // recomputation one fc1 output buffer), rebuilt in the backward: as wide as the widest layer's.
   if ((opt_.recompute_gelu || opt_.model.recompute_mlp) && shared_act_ == nullptr) {
@@ -329,15 +334,22 @@ Bf16Model::Slot& Bf16Model::GetSlot(int index) {
     shared_act_ = memory_.Alloc<bf16>(n * ffn);
     if (opt_.model.recompute_mlp) shared_pre_ = memory_.Alloc<bf16>(n * fc1);
   }
+  // Recomputed layers share one set, made by a bf16 layer when there is one (FP8 layers keep no
+  // MLP activation).
+  const TransformerLayer* shared_maker = nullptr;
+  for (const TransformerLayer& layer : layers_) {
+    if (layer.recompute() && (shared_maker == nullptr || shared_maker->fp8()))
+      shared_maker = &layer;
+  }
   for (const TransformerLayer& layer : layers_) {
     if (layer.recompute()) {  // the whole forward runs again: fc1's output is kept for it
       if (!shared_acts_) {
-        shared_acts_ =
-            std::make_unique<TransformerLayer::Acts>(layer.MakeActs(shared_act_, shared_norm_));
+        shared_acts_ = std::make_unique<TransformerLayer::Acts>(
+            shared_maker->MakeActs(shared_act_, shared_norm_));
       }
       s->acts.push_back(*shared_acts_);
     } else {
-      s->acts.push_back(layer.MakeActs(shared_act_, shared_norm_, shared_pre_));
+      s->acts.push_back(layer.MakeActs(shared_act_, shared_norm_, shared_pre_, fp8_norm_));
     }
   }
   if (last_stage_) {

@@ -51,9 +51,9 @@ AttentionBlock::AttentionBlock(const ModuleContext& ctx, const LayerSpec& spec,
 
 RowParallelOutput AttentionBlock::Forward(bf16* in, const Acts& a) const {
   if (!grouped_) {
-    qkv_.Forward("matmul fwd qkv", in, a.qkv);
+    qkv_.Forward("matmul fwd qkv", in, a.qkv, a.in_t);
   } else {  // the product into scratch, then rearranged (and rotated) into a.qkv
-    qkv_.Forward("matmul fwd qkv", in, ctx_.dqkv);
+    qkv_.Forward("matmul fwd qkv", in, ctx_.dqkv, a.in_t);
     ctx_.prof().Begin("rope");
     RearrangeQkv<bf16>(a.qkv, ctx_.dqkv, ctx_.rows().rows, ctx_.seq, shard_.heads, shard_.groups,
                        shard_.head_dim, rope_ ? ctx_.rope_cos : nullptr,
@@ -61,11 +61,11 @@ RowParallelOutput AttentionBlock::Forward(bf16* in, const Acts& a) const {
   }
   ctx_.prof().Begin("attention fwd");
   core_->Forward(a.att, a.stats, a.qkv, ctx_.attn_workspace);
-  return proj_.Forward("matmul fwd proj", a.att);
+  return proj_.Forward("matmul fwd proj", a.att, a.att_t);
 }
 
 void AttentionBlock::Backward(bf16* dout, const bf16* in, const Acts& a, bf16* din) const {
-  proj_.Backward("matmul bwd proj", dout, a.att, ctx_.datt);
+  proj_.Backward("matmul bwd proj", dout, a.att, ctx_.datt, nullptr, a.att_t);
   ctx_.prof().Begin("attention bwd");
   if (!grouped_) {
     core_->Backward(ctx_.dqkv, ctx_.datt, a.qkv, a.att, a.stats, ctx_.attn_workspace);
@@ -76,7 +76,7 @@ void AttentionBlock::Backward(bf16* dout, const bf16* in, const Acts& a, bf16* d
                        shard_.groups, shard_.head_dim, rope_ ? ctx_.rope_cos : nullptr,
                        rope_ ? ctx_.rope_sin : nullptr, /*to_attention=*/false, MainStream());
   }
-  qkv_.Backward("matmul bwd qkv", ctx_.dqkv, in, din);
+  qkv_.Backward("matmul bwd qkv", ctx_.dqkv, in, din, a.in_t);
 }
 
 MlpBlock::MlpBlock(const ModuleContext& ctx, const LayerSpec& spec, const LayerShard& shard,
@@ -85,11 +85,18 @@ MlpBlock::MlpBlock(const ModuleContext& ctx, const LayerSpec& spec, const LayerS
       ffn_(shard.ffn),
       tanh_(spec.mlp.activation == ckpt::Activation::kGeluTanh),
       gated_(spec.mlp.gated()),
+      act_(gated_  ? Fp8Activation::kSwiglu
+           : tanh_ ? Fp8Activation::kGeluTanh
+                   : Fp8Activation::kGeluErf),
       fc1_(ctx.linear, spec.hidden, shard.fc1_width, w.fc1_w, w.fc1_b, w.d_fc1_w, w.d_fc1_b, fp8),
       fc2_(ctx.linear, ctx.row_out, shard.ffn, spec.hidden, w.fc2_w, w.fc2_b, w.d_fc2_w, w.d_fc2_b,
            fp8) {}
 
 RowParallelOutput MlpBlock::Forward(bf16* in, const Acts& a) const {
+  if (fp8()) {  // fc2's cast reads fc1's output through the activation
+    fc1_.Forward("matmul fwd fc1", in, a.pre, a.in_t);
+    return fc2_.Forward("matmul fwd fc2", Fp8Source{a.pre, act_}, a.act_t);
+  }
   if (gated_) {  // fc1 = [gate | up] on this rank
     fc1_.Forward("matmul fwd fc1", in, a.pre);
     ctx_.prof().Begin("swiglu");
@@ -105,7 +112,7 @@ RowParallelOutput MlpBlock::Forward(bf16* in, const Acts& a) const {
 }
 
 void MlpBlock::Recompute(const bf16* in, const Acts& a) const {
-  if (tanh_) {
+  if (tanh_ && !fp8()) {
     fc1_.ForwardGeluAgain("recompute", in, a.pre, a.act);
     return;
   }
@@ -114,6 +121,7 @@ void MlpBlock::Recompute(const bf16* in, const Acts& a) const {
 }
 
 void MlpBlock::RecomputeActivation(const Acts& a) const {
+  if (fp8()) return;  // no activation kept: fc2's casts compute it from a.pre
   if (gated_) {
     ctx_.prof().Begin("swiglu");
     SwigluForward<bf16>(a.act, a.pre, ctx_.rows().rows, ffn_, MainStream());
@@ -124,6 +132,12 @@ void MlpBlock::RecomputeActivation(const Acts& a) const {
 }
 
 void MlpBlock::Backward(bf16* dout, const bf16* in, const Acts& a, bf16* din) const {
+  if (fp8()) {  // fc1's output gradient computed by its cast, from the activation's
+    bf16* dact = gated_ ? ctx_.dact : ctx_.dfc;
+    fc2_.Backward("matmul bwd fc2", dout, Fp8Source{a.pre, act_}, dact, a.act_t);
+    fc1_.Backward("matmul bwd fc1", Fp8Source{a.pre, act_, dact}, in, din, a.in_t);
+    return;
+  }
   if (gated_) {
     fc2_.Backward("matmul bwd fc2", dout, a.act, ctx_.dact);
     ctx_.prof().Begin("swiglu");

@@ -85,6 +85,9 @@ class AttentionBlock {
     bf16* qkv = nullptr;     // all rows, the layout the core attention reads (see above)
     bf16* att = nullptr;     // all rows
     float* stats = nullptr;  // [B, heads, T] log-sum-exp
+    // FP8 layers: the products' inputs as their forward casts left them, transposed, for the
+    // weight gradients (null: cast again in the backward).
+    uint8_t *in_t = nullptr, *att_t = nullptr;  // qkv's [h, rows], proj's [attn width, rows]
   };
   AttentionBlock(const ModuleContext& ctx, const LayerSpec& spec, const LayerShard& shard,
                  CoreAttention* core, const LayerTensors<bf16>& w, bool fp8 = false);
@@ -106,7 +109,13 @@ class AttentionBlock {
 class MlpBlock {
  public:
   struct Acts {
-    bf16 *pre = nullptr, *act = nullptr;  // fc1's output and the activation's, all rows
+    // fc1's output and the activation's, all rows. FP8 layers keep no `act`: fc2's casts compute
+    // the activation from `pre` on the way (fp8.h), in the forward and again in the backward.
+    bf16 *pre = nullptr, *act = nullptr;
+    // FP8 layers: fc2's input as its forward cast it, transposed [ffn, rows], for its weight
+    // gradient (null: cast again from `pre` in the backward, as when the activation is recomputed).
+    uint8_t* act_t = nullptr;
+    uint8_t* in_t = nullptr;  // FP8 layers: fc1's input, likewise [h, rows] (or null)
   };
   MlpBlock(const ModuleContext& ctx, const LayerSpec& spec, const LayerShard& shard,
            const LayerTensors<bf16>& w, bool fp8 = false);
@@ -117,12 +126,14 @@ class MlpBlock {
   // forward's products on the same blocks of rows, so bitwise the same.
   void Recompute(const bf16* in, const Acts& a) const;
   void Backward(bf16* dout, const bf16* in, const Acts& a, bf16* din) const;
+  bool fp8() const { return fc1_.fp8(); }
 
  private:
   const ModuleContext& ctx_;
   int64_t ffn_;
   bool tanh_;   // tanh GELU, in the products' epilogues
   bool gated_;  // SwiGLU on fc1's [gate | up]
+  Fp8Activation act_;
   ColumnParallelLinear fc1_;
   RowParallelLinear fc2_;
 };

@@ -15,20 +15,36 @@ TransformerLayer::TransformerLayer(const ModuleContext& ctx, const LayerSpec& sp
       mlp_(ctx, spec, shard, w, fp8) {}
 
 TransformerLayer::Acts TransformerLayer::MakeActs(bf16* shared_act, bf16* shared_norm,
-                                                  bf16* shared_pre) const {
+                                                  bf16* shared_pre, bf16* fp8_norm) const {
   DeviceMemory& m = *ctx_.memory;
   const RowGeometry& g = ctx_.rows();
   const int64_t n = g.rows, h = g.hidden;
   Acts a;
   a.norms_recomputed = shared_norm != nullptr;
-  a.ln1 = a.norms_recomputed ? shared_norm : m.Alloc<bf16>(n * h);
+  a.mlp_recomputed = shared_pre != nullptr;
+  const bool keep_t = fp8() && !a.norms_recomputed;
+  // The norms' outputs serve the forward only unless fc1 runs again from ln2 in the backward.
+  bf16* norm_out = a.norms_recomputed            ? shared_norm
+                   : keep_t && !a.mlp_recomputed ? fp8_norm
+                                                 : nullptr;
+  a.ln1 = norm_out != nullptr ? norm_out : m.Alloc<bf16>(n * h);
   a.attention.qkv = m.Alloc<bf16>(n * shard_.qkv_width);
   a.attention.att = m.Alloc<bf16>(n * shard_.attn_width);
   a.mid = m.Alloc<bf16>(g.local_rows * h);
-  a.ln2 = a.norms_recomputed ? shared_norm : m.Alloc<bf16>(n * h);
-  a.mlp_recomputed = shared_pre != nullptr;
+  a.ln2 = norm_out != nullptr ? norm_out : m.Alloc<bf16>(n * h);
+  if (keep_t) {
+    a.attention.in_t = m.Alloc<uint8_t>(n * h);
+    a.mlp.in_t = m.Alloc<uint8_t>(n * h);
+  }
+  if (fp8()) a.attention.att_t = m.Alloc<uint8_t>(n * shard_.attn_width);
   a.mlp.pre = a.mlp_recomputed ? shared_pre : m.Alloc<bf16>(n * shard_.fc1_width);
-  a.mlp.act = shared_act != nullptr ? shared_act : m.Alloc<bf16>(n * shard_.ffn);
+  if (shared_act != nullptr) {  // recomputed: FP8 layers cast fc2's input again instead
+    a.mlp.act = shared_act;
+  } else if (fp8()) {
+    a.mlp.act_t = m.Alloc<uint8_t>(n * shard_.ffn);
+  } else {
+    a.mlp.act = m.Alloc<bf16>(n * shard_.ffn);
+  }
   a.ln1_stats = {m.Alloc<float>(g.local_rows), m.Alloc<float>(g.local_rows)};
   a.ln2_stats = {m.Alloc<float>(g.local_rows), m.Alloc<float>(g.local_rows)};
   a.attention.stats = m.Alloc<float>(ctx_.batch * shard_.heads * ctx_.seq);

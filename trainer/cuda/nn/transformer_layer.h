@@ -35,12 +35,17 @@ class TransformerLayer {
   const LayerTensors<bf16>& tensors() const { return w_; }
   int global_index() const { return w_.global_index; }
   bool recompute() const { return recompute_; }
+  bool fp8() const { return mlp_.fp8(); }
   const Norm& input_norm() const { return input_norm_; }
   // Activations for one micro-batch; `shared_act`, when given, is the MLP activation buffer every
   // layer shares (GELU recomputation), `shared_norm` the norm output buffer (all rows, hidden
   // wide) every layer shares (norm recomputation), `shared_pre` fc1's output buffer every layer
-  // shares (MLP recomputation, with `shared_act`).
-  Acts MakeActs(bf16* shared_act, bf16* shared_norm, bf16* shared_pre = nullptr) const;
+  // shares (MLP recomputation, with `shared_act`). FP8 layers keep no MLP activation of their own,
+  // and unless their norms are recomputed they keep their products' inputs as FP8 transposes for
+  // the weight gradients: the norms' outputs then serve the forward only, in `fp8_norm` (all rows,
+  // hidden wide) when given, one buffer the FP8 layers share.
+  Acts MakeActs(bf16* shared_act, bf16* shared_norm, bf16* shared_pre = nullptr,
+                bf16* fp8_norm = nullptr) const;
 
   // The input norm: x = residual + dropout(branch) into x_out (or x = branch.local without a
   // residual), then a.ln1 (this rank's rows; the QKV product gathers the rest).

@@ -19,8 +19,8 @@ const char* Fp8OpName(const char* op) {
   return it->second.c_str();
 }
 
-void ColumnParallelLinear::ForwardFp8(const char* op, bf16* in, bf16* pre, bf16* out,
-                                      bool gather) const {
+void ColumnParallelLinear::ForwardFp8(const char* op, bf16* in, bf16* pre, bf16* out, bool gather,
+                                      uint8_t* keep_t) const {
   TensorParallel& tp = *ctx_.tp;
   OpProfile& prof = *ctx_.prof;
   if (gather && tp.sequence_parallel()) {
@@ -31,7 +31,7 @@ void ColumnParallelLinear::ForwardFp8(const char* op, bf16* in, bf16* pre, bf16*
   Fp8Products& f = *ctx_.fp8;
   prof.Begin("fp8 cast");
   f.PrepareWeight(fp8_, w_, n_, k_);
-  f.CastInput(fp8_, in, rows, k_);
+  f.CastInput(fp8_, Fp8Source{in}, rows, k_, keep_t);
   prof.Begin(Fp8OpName(op));
   f.Forward(fp8_, pre, b_, 0, rows, k_, n_);
   if (out != nullptr) {
@@ -51,8 +51,8 @@ void WeightGrad(const LinearContext& ctx, float* dw, float* db, const bf16* dout
   if (db != nullptr) ColumnSumAccumulate<bf16>(db, dout, rows, n, ctx.scratch, MainStream());
 }
 
-void ColumnParallelLinear::Forward(const char* op, bf16* in, bf16* out) const {
-  if (fp8_.linear >= 0) return ForwardFp8(op, in, out, nullptr, /*gather=*/true);
+void ColumnParallelLinear::Forward(const char* op, bf16* in, bf16* out, uint8_t* keep_t) const {
+  if (fp8_.linear >= 0) return ForwardFp8(op, in, out, nullptr, /*gather=*/true, keep_t);
   ctx_.tp->GatherRun(in, op, [&](int64_t r0, int64_t rows) {
     ctx_.mm->Forward(out + r0 * n_, in + r0 * k_, w_, b_, rows, k_, n_);
   });
@@ -83,29 +83,38 @@ void ColumnParallelLinear::ForwardGeluAgain(const char* op, const bf16* in, bf16
 // Under SP on two ranks of one node: the rows the peer keeps first, sent while the weight
 // gradient is computed, then this rank's rows accumulated onto the peer's partial sums of them.
 // Otherwise the whole product, then its TP reduction beside the weight gradient.
-void ColumnParallelLinear::Backward(const char* op, const bf16* dout, const bf16* in,
-                                    bf16* din) const {
+void ColumnParallelLinear::Backward(const char* op, const bf16* dout, const bf16* in, bf16* din,
+                                    const uint8_t* in_t) const {
+  BackwardImpl(op, dout, nullptr, in, in_t, din);
+}
+
+void ColumnParallelLinear::Backward(const char* op, const Fp8Source& dout, const bf16* in,
+                                    bf16* din, const uint8_t* in_t) const {
+  if (!fp8()) Die("ColumnParallelLinear", "an FP8 source for a bf16 layer", __FILE__, __LINE__);
+  BackwardImpl(op, nullptr, &dout, in, in_t, din);
+}
+
+void ColumnParallelLinear::BackwardImpl(const char* op, const bf16* dout, const Fp8Source* dout_fp8,
+                                        const bf16* in, const uint8_t* in_t, bf16* din) const {
   TensorParallel& tp = *ctx_.tp;
   const RowGeometry& g = tp.rows();
   OpProfile& prof = *ctx_.prof;
   Matmul& mm = *ctx_.mm;
   Fp8Products* f = fp8_.linear >= 0 ? ctx_.fp8 : nullptr;
   if (f != nullptr) {
-    prof.Begin("fp8 cast");
-    f->CastGrad(fp8_, dout, g.rows, n_);
+    prof.Begin("fp8 cast");  // the bias gradient summed on the way
+    f->CastGrad(fp8_, dout_fp8 != nullptr ? *dout_fp8 : Fp8Source{dout}, g.rows, n_, db_);
     op = Fp8OpName(op);
   }
   prof.Begin(op);
   auto weight_grad = [&] {
     if (f == nullptr) return WeightGrad(ctx_, dw_, db_, dout, in, k_, n_);
-    prof.Begin("fp8 cast");
-    f->CastInputTransposed(fp8_, in, g.rows, k_);
-    prof.Begin(op);
-    f->BackwardWeight(fp8_, dw_, g.rows, k_, n_);
-    if (db_ != nullptr) {
-      prof.Begin("bias gradient");
-      ColumnSumAccumulate<bf16>(db_, dout, g.rows, n_, ctx_.scratch, MainStream());
+    if (in_t == nullptr) {
+      prof.Begin("fp8 cast");
+      f->CastInputTransposed(fp8_, Fp8Source{in}, g.rows, k_);
+      prof.Begin(op);
     }
+    f->BackwardWeight(fp8_, dw_, g.rows, k_, n_, in_t);
   };
   // din's rows [r0, r0 + rows) from dout's (+= with `accumulate`).
   auto dgrad = [&](int64_t r0, int64_t rows, bool accumulate) {
@@ -132,7 +141,20 @@ void ColumnParallelLinear::Backward(const char* op, const bf16* dout, const bf16
   tp.Wait();
 }
 
-RowParallelOutput RowParallelLinear::Forward(const char* op, const bf16* in) const {
+RowParallelOutput RowParallelLinear::Forward(const char* op, const bf16* in,
+                                             uint8_t* keep_t) const {
+  return ForwardImpl(op, in, nullptr, keep_t);
+}
+
+RowParallelOutput RowParallelLinear::Forward(const char* op, const Fp8Source& in,
+                                             uint8_t* keep_t) const {
+  if (fp8_.linear < 0)
+    Die("RowParallelLinear", "an FP8 source for a bf16 layer", __FILE__, __LINE__);
+  return ForwardImpl(op, nullptr, &in, keep_t);
+}
+
+RowParallelOutput RowParallelLinear::ForwardImpl(const char* op, const bf16* in,
+                                                 const Fp8Source* in_fp8, uint8_t* keep_t) const {
   TensorParallel& tp = *ctx_.tp;
   const RowGeometry& g = tp.rows();
   // The bias is added once (TP rank 0) before the partial sums are reduced.
@@ -142,7 +164,7 @@ RowParallelOutput RowParallelLinear::Forward(const char* op, const bf16* in) con
   if (f != nullptr) {
     prof.Begin("fp8 cast");
     f->PrepareWeight(fp8_, w_, n_, k_);
-    f->CastInput(fp8_, in, g.rows, k_);
+    f->CastInput(fp8_, in_fp8 != nullptr ? *in_fp8 : Fp8Source{in}, g.rows, k_, keep_t);
     op = Fp8OpName(op);
   }
   auto gemm = [&](int64_t r0, int64_t rows) {
@@ -176,27 +198,34 @@ RowParallelOutput RowParallelLinear::Forward(const char* op, const bf16* in) con
   return {out_.local, out_.peer};
 }
 
-void RowParallelLinear::BackwardFp8(const char* op, bf16* dout, const bf16* in, bf16* din,
-                                    const bf16* gelu_pre) const {
+void RowParallelLinear::Backward(const char* op, bf16* dout, const Fp8Source& in, bf16* din,
+                                 const uint8_t* in_t) const {
+  if (fp8_.linear < 0)
+    Die("RowParallelLinear", "an FP8 source for a bf16 layer", __FILE__, __LINE__);
+  BackwardFp8(op, dout, in, in_t, din, nullptr);
+}
+
+void RowParallelLinear::BackwardFp8(const char* op, bf16* dout, const Fp8Source& in,
+                                    const uint8_t* in_t, bf16* din, const bf16* gelu_pre) const {
   TensorParallel& tp = *ctx_.tp;
   const RowGeometry& g = tp.rows();
   OpProfile& prof = *ctx_.prof;
   Fp8Products& f = *ctx_.fp8;
-  if (db_ != nullptr) {  // under SP from this rank's rows (summed over TP by the optimizer)
+  const bool sp = tp.sequence_parallel();
+  if (db_ != nullptr && sp) {  // from this rank's rows (summed over TP by the optimizer)
     prof.Begin("bias gradient");
-    const bool sp = tp.sequence_parallel();
-    ColumnSumAccumulate<bf16>(db_, sp ? tp.LocalRows(dout) : dout, sp ? g.local_rows : g.rows, n_,
-                              ctx_.scratch, MainStream());
+    ColumnSumAccumulate<bf16>(db_, tp.LocalRows(dout), g.local_rows, n_, ctx_.scratch,
+                              MainStream());
   }
-  if (tp.sequence_parallel()) {
+  if (sp) {
     prof.Begin("tensor-parallel communication");
     tp.GatherRows(dout);
   }
-  prof.Begin("fp8 cast");
-  f.CastGrad(fp8_, dout, g.rows, n_);
-  f.CastInputTransposed(fp8_, in, g.rows, k_);
+  prof.Begin("fp8 cast");  // without SP the bias gradient summed on the way
+  f.CastGrad(fp8_, Fp8Source{dout}, g.rows, n_, sp ? nullptr : db_);
+  if (in_t == nullptr) f.CastInputTransposed(fp8_, in, g.rows, k_);
   prof.Begin(Fp8OpName(op));
-  f.BackwardWeight(fp8_, dw_, g.rows, k_, n_);
+  f.BackwardWeight(fp8_, dw_, g.rows, k_, n_, in_t);
   f.BackwardData(fp8_, din, 0, g.rows, k_, n_);
   if (gelu_pre != nullptr) {
     prof.Begin("gelu");
@@ -206,8 +235,8 @@ void RowParallelLinear::BackwardFp8(const char* op, bf16* dout, const bf16* in, 
 }
 
 void RowParallelLinear::Backward(const char* op, bf16* dout, const bf16* in, bf16* din,
-                                 const bf16* gelu_pre) const {
-  if (fp8_.linear >= 0) return BackwardFp8(op, dout, in, din, gelu_pre);
+                                 const bf16* gelu_pre, const uint8_t* in_t) const {
+  if (fp8_.linear >= 0) return BackwardFp8(op, dout, Fp8Source{in}, in_t, din, gelu_pre);
   TensorParallel& tp = *ctx_.tp;
   const RowGeometry& g = tp.rows();
   auto dgrad = [&](int64_t r0, int64_t rows) {

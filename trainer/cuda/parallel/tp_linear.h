@@ -63,7 +63,9 @@ class ColumnParallelLinear {
   }
   // out [rows, n] = in · Wᵀ + b; `in` is all rows (under SP only this rank's are present yet: the
   // ring gathers the rest in place).
-  void Forward(const char* op, bf16* in, bf16* out) const;
+  // FP8 layers with `keep_t`: the input's transposed FP8 copy [k, rows] kept there (the same cast
+  // writes it) for Backward's weight gradient.
+  void Forward(const char* op, bf16* in, bf16* out, uint8_t* keep_t = nullptr) const;
   // The same with tanh GELU in the epilogue: pre = in · Wᵀ + b, out = gelu(pre).
   void ForwardGelu(const char* op, bf16* in, bf16* pre, bf16* out) const;
   // Forward and ForwardGelu again when `in` holds all rows already (a recomputation in the
@@ -72,12 +74,23 @@ class ColumnParallelLinear {
   void ForwardGeluAgain(const char* op, const bf16* in, bf16* pre, bf16* out) const;
   // din = dout · W reduced over TP (this rank's rows in place inside the all-rows `din`; all rows
   // without SP), dW += doutᵀ · in and db += Σ dout meanwhile.
-  void Backward(const char* op, const bf16* dout, const bf16* in, bf16* din) const;
+  // FP8 layers: `in_t`, when given, is Forward's keep_t (`in` is not read then).
+  void Backward(const char* op, const bf16* dout, const bf16* in, bf16* din,
+                const uint8_t* in_t = nullptr) const;
+  // FP8 layers: the same with the output gradient computed by its cast (fc1's from the
+  // activation's gradient, fp8.h), the bias gradient summed on the way.
+  void Backward(const char* op, const Fp8Source& dout, const bf16* in, bf16* din,
+                const uint8_t* in_t = nullptr) const;
+  bool fp8() const { return fp8_.linear >= 0; }
 
  private:
+  // One of dout and dout_fp8 given.
+  void BackwardImpl(const char* op, const bf16* dout, const Fp8Source* dout_fp8, const bf16* in,
+                    const uint8_t* in_t, bf16* din) const;
   // The FP8 forward: `in` gathered whole when `gather` (under SP), pre = in · Wᵀ + b, and with
   // `out` tanh GELU of it.
-  void ForwardFp8(const char* op, bf16* in, bf16* pre, bf16* out, bool gather) const;
+  void ForwardFp8(const char* op, bf16* in, bf16* pre, bf16* out, bool gather,
+                  uint8_t* keep_t = nullptr) const;
 
   const LinearContext& ctx_;
   int64_t k_, n_;
@@ -94,15 +107,25 @@ class RowParallelLinear {
     if (fp8) fp8_ = ctx.fp8->NewWeight(n, k);
   }
   // Σ_TP in · Wᵀ (+ b, added once by TP rank 0), `in` [rows, k] all rows.
-  RowParallelOutput Forward(const char* op, const bf16* in) const;
+  RowParallelOutput Forward(const char* op, const bf16* in, uint8_t* keep_t = nullptr) const;
+  // FP8 layers: the same with the input computed by its cast (fc2's from fc1's output through the
+  // activation, fp8.h); with `keep_t` its transposed FP8 copy [k, rows] kept there for Backward.
+  RowParallelOutput Forward(const char* op, const Fp8Source& in, uint8_t* keep_t = nullptr) const;
   // din [rows, k] = dout · W (with `gelu_pre`, times tanh GELU's derivative at it, in the
   // epilogue), dW += doutᵀ · in, db += Σ dout. `dout` is all rows; under SP only this rank's are
   // present and the ring gathers the rest in place, block by block, each multiplied on arrival.
   void Backward(const char* op, bf16* dout, const bf16* in, bf16* din,
-                const bf16* gelu_pre = nullptr) const;
+                const bf16* gelu_pre = nullptr, const uint8_t* in_t = nullptr) const;
+  // FP8 layers: the same with the input computed by its cast, as Forward's, or read transposed
+  // from `in_t` (Forward's keep_t) when given.
+  void Backward(const char* op, bf16* dout, const Fp8Source& in, bf16* din,
+                const uint8_t* in_t = nullptr) const;
 
  private:
-  void BackwardFp8(const char* op, bf16* dout, const bf16* in, bf16* din,
+  // One of in and in_fp8 given.
+  RowParallelOutput ForwardImpl(const char* op, const bf16* in, const Fp8Source* in_fp8,
+                                uint8_t* keep_t) const;
+  void BackwardFp8(const char* op, bf16* dout, const Fp8Source& in, const uint8_t* in_t, bf16* din,
                    const bf16* gelu_pre) const;
 
   const LinearContext& ctx_;
