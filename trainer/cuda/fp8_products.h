@@ -5,10 +5,12 @@
 //   BackwardWeight: dW[N, K]  += dout[M, N]ᵀ · in[M, K]           fp32, accumulated in place
 // Hopper multiplies FP8 only along contiguous K (fp8_matmul.h), so the forward reads `in` and W as
 // they are, the data gradient Wᵀ and dout, the weight gradient inᵀ and doutᵀ: a weight is cast
-// once per new version of the weights (both layouts), dout once per backward (both layouts), and
-// `in` once in the forward and once, transposed, in the backward (the same scale, so the same
-// bytes; keeping the transpose from the forward would cost a byte per element of every layer's
-// inputs).
+// once per new version of the weights (both layouts), dout once per backward (both layouts, the
+// bias gradient summed on the way), and `in` in the forward, both layouts when the caller keeps
+// the transpose for the backward (a byte per element, where the bf16 input it replaces weighs
+// two), else again, transposed, in the backward (the same scale, so the same bytes). What a cast
+// reads may be computed on the way (fp8.h's Fp8Source): fc2's input is the activation of fc1's
+// output, fc1's output gradient the activation's gradient through its derivative.
 //
 // Fp8Scaling holds every FP8 tensor's state on the device: per linear layer its input, its weight
 // and its output gradient, each an amax history row (--fp8-amax-history-len), a scale and its
