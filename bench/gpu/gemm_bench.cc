@@ -15,9 +15,13 @@
 #include "trainer/cuda/matmul.h"
 
 using leantron::trainer::cuda::bf16;
+using leantron::trainer::cuda::CastSourceToFp8;
 using leantron::trainer::cuda::CastToFp8;
+using leantron::trainer::cuda::Fp8Activation;
+using leantron::trainer::cuda::Fp8BiasWorkspace;
 using leantron::trainer::cuda::Fp8Format;
 using leantron::trainer::cuda::Fp8Matmul;
+using leantron::trainer::cuda::Fp8Source;
 using leantron::trainer::cuda::MainStream;
 using leantron::trainer::cuda::Matmul;
 
@@ -124,6 +128,26 @@ int main(int argc, char** argv) {
                     }),
                     4.0 * m * l.k});
   }
+  // The casts that compute what they cast (fp8.h's Fp8Source), both layouts: fc2's input from
+  // fc1's output through tanh GELU or SwiGLU ([m, 2·ffn] read); fc1's output gradient from the
+  // activation's gradient and fc1's output, the bias gradient summed; a plain output gradient
+  // with its bias gradient.
+  auto* dbias = static_cast<float*>(Buffer(static_cast<size_t>(2 * ffn) * 4));
+  auto* ws = static_cast<float*>(Buffer(Fp8BiasWorkspace(m, 2 * ffn) * 4));
+  auto cast = [&](const char* name, double bytes, Fp8Source src, int64_t cols, Fp8Format f,
+                  bool bias) {
+    rows.push_back({name, 0.0, TimeMs([&] {
+                      CastSourceToFp8(q1, qt, amax, src, m, cols, one, f, bias ? dbias : nullptr,
+                                      ws, MainStream());
+                    }),
+                    bytes});
+  };
+  const double mf = static_cast<double>(m) * ffn;
+  cast("gelu cast+T", 4 * mf, {x, Fp8Activation::kGeluTanh}, ffn, e4, false);
+  cast("dgelu cast+T+db", 6 * mf, {x, Fp8Activation::kGeluTanh, y}, ffn, e5, true);
+  cast("swiglu cast+T", 6 * mf, {x, Fp8Activation::kSwiglu}, ffn, e4, false);
+  cast("dswiglu cast+T", 10 * mf, {x, Fp8Activation::kSwiglu, y}, 2 * ffn, e5, false);
+  cast("grad cast+T+db", 4.0 * m * 3 * h, {x}, 3 * h, e5, true);
   std::printf("tokens %ld hidden %ld ffn %ld (head: %ld rows x vocab %ld)\n", long(m), long(h),
               long(ffn), long(vrows), long(vocab));
   for (const Row& r : rows) {

@@ -11,6 +11,7 @@
 
 #include "tests/gpu/gpu_test_util.h"
 #include "trainer/cuda/fp8_matmul.h"
+#include "trainer/cuda/kernels/kernels.h"
 
 namespace leantron::trainer::cuda {
 namespace {
@@ -312,6 +313,53 @@ TEST_F(Fp8Test, ActivationSourcesCastAndSumColumns) {
     const auto got_bias = dbias.Download();
     for (int64_t j = 0; j < cols; ++j)
       ASSERT_NEAR(got_bias[j], sums[j], 1e-4 * mags[j] + 1e-6) << "column " << j;
+  }
+}
+
+// A norm writing its output cast to FP8 (Fp8Out) writes the bytes CastToFp8 gives for the bf16
+// output the same norm writes otherwise (checked against CpuOps by kernels_norm_test), and the
+// amax of that output; LayerNorm and RMSNorm, with the residual add and dropout, on the
+// vectorised and the looping paths. Then TransposeFp8 of those bytes.
+TEST_F(Fp8Test, NormsWriteTheCastOfTheirOutput) {
+  for (const bool rms : {false, true}) {
+    for (const auto [rows, cols] :
+         {std::pair<int64_t, int64_t>{1000, 1280}, {36, 132}, {16, 6144}}) {
+      SCOPED_TRACE(testing::Message() << (rms ? "rms " : "ln ") << rows << "x" << cols);
+      const auto res = RoundT<bf16>(Rand(rows * cols, 190, 2.0f, 0.3f));
+      const auto br = RoundT<bf16>(Rand(rows * cols, 191));
+      const auto w = Rand(cols, 192, 0.5f, 1.0f), b = Rand(cols, 193);
+      auto dres = DevT<bf16>(res), dbr = DevT<bf16>(br);
+      Dev<float> dw(w), db(b), mean(rows), rstd(rows), scale(std::vector<float>{3.0f});
+      Dev<float> amax(std::vector<float>{0.0f}), amax_ref(std::vector<float>{0.0f});
+      Dev<bf16> x_out(rows * cols), out(rows * cols);
+      Dev<uint8_t> q(rows * cols), q_ref(rows * cols), qt(rows * cols);
+      const HiddenDropout drop = TestDropout(0.1f);
+      const Fp8Out fp8{q.get(), scale.get(), amax.get(), Fp8Format::kE4M3};
+      for (const bool cast : {false, true}) {
+        bf16* o = cast ? nullptr : out.get();
+        const Fp8Out f = cast ? fp8 : Fp8Out{};
+        if (rms) {
+          AddRmsNormForward<bf16>(x_out.get(), o, rstd.get(), dres->get(), dbr->get(), dw.get(),
+                                  rows, cols, 1e-5f, drop, MainStream(), nullptr, f);
+        } else {
+          AddLayerNormForward<bf16>(x_out.get(), o, mean.get(), rstd.get(), dres->get(), dbr->get(),
+                                    dw.get(), db.get(), rows, cols, 1e-5f, drop, MainStream(),
+                                    nullptr, f);
+        }
+      }
+      CastToFp8<bf16>(q_ref.get(), nullptr, amax_ref.get(), out.get(), rows, cols, scale.get(),
+                      Fp8Format::kE4M3, MainStream());
+      const auto got = q.Download(), want = q_ref.Download();
+      size_t bad = 0;
+      for (size_t i = 0; i < got.size(); ++i) bad += got[i] != want[i];
+      EXPECT_EQ(bad, 0u);
+      EXPECT_EQ(amax.Download()[0], amax_ref.Download()[0]);
+      TransposeFp8(qt.get(), q.get(), rows, cols, MainStream());
+      const auto t = qt.Download();
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c)
+          ASSERT_EQ(t[c * rows + r], got[r * cols + c]) << r << "," << c;
+    }
   }
 }
 

@@ -112,6 +112,17 @@ void Fp8Products::CastInput(const Fp8Weight& w, const Fp8Source& in, int64_t row
   scaling_->Cast(w.linear, Fp8Scaling::kInput, in, rows, k, in_, keep_t, record_);
 }
 
+Fp8Out Fp8Products::InputTarget(const Fp8Weight& w) const {
+  if (!scaling_->options().delayed)
+    Die("Fp8Products", "a producer's cast needs delayed scaling", __FILE__, __LINE__);
+  return {in_, scaling_->scale(w.linear, Fp8Scaling::kInput),
+          record_ ? scaling_->history(w.linear, Fp8Scaling::kInput) : nullptr, Fp8Format::kE4M3};
+}
+
+void Fp8Products::TransposeInput(int64_t rows, int64_t k, uint8_t* keep_t) {
+  TransposeFp8(keep_t, in_, rows, k, MainStream());
+}
+
 void Fp8Products::Forward(const Fp8Weight& w, bf16* out, const bf16* bias, int64_t r0, int64_t rows,
                           int64_t k, int64_t n) {
   const Fp8Operand a{w.w, Fp8Format::kE4M3, w.scale_inv};

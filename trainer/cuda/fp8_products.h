@@ -47,6 +47,7 @@ class Fp8Scaling {
     return k == kGrad && opt_.hybrid ? Fp8Format::kE5M2 : Fp8Format::kE4M3;
   }
   float* history(int linear, Kind k) const { return histories_ + Index(linear, k) * len_; }
+  const float* scale(int linear, Kind k) const { return Scale(Index(linear, k)); }
   const float* scale_inv(int linear, Kind k) const { return ScaleInv(Index(linear, k)); }
   // x [rows, cols] cast with the tensor's scale into `out` and/or its transpose `out_t`. Current
   // scaling measures the amax of x first; delayed scaling records the cast's amax (`record`).
@@ -109,6 +110,11 @@ class Fp8Products {
   // [k, rows] there, for BackwardWeight (the same kernel writes both).
   void CastInput(const Fp8Weight& w, const Fp8Source& in, int64_t rows, int64_t k,
                  uint8_t* keep_t = nullptr);
+  // Delayed scaling: where w's forward input goes when its producer casts it (a norm): E4M3 with
+  // the input's scale, its amax recorded (not in evaluations). Forward reads it as CastInput's.
+  Fp8Out InputTarget(const Fp8Weight& w) const;
+  // The input its producer wrote there, transposed into keep_t for BackwardWeight.
+  void TransposeInput(int64_t rows, int64_t k, uint8_t* keep_t);
   // out = rows [r0, r0 + rows) of the cast input · Wᵀ (+ bias).
   void Forward(const Fp8Weight& w, bf16* out, const bf16* bias, int64_t r0, int64_t rows, int64_t k,
                int64_t n);

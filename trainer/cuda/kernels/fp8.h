@@ -49,6 +49,20 @@ void CastSourceToFp8(uint8_t* out, uint8_t* out_t, float* amax, const Fp8Source&
                      float* workspace, cudaStream_t s);
 int64_t Fp8BiasWorkspace(int64_t rows, int64_t cols);
 
+// Where a producing kernel (a norm, kernels.h) writes its output cast to FP8 as it computes it:
+// q = fp8(scale · y) [rows, cols], y rounded to the type it would have been stored in (so the
+// bytes are CastToFp8's of the stored output), and amax = max(amax, max |y|) when amax is given.
+struct Fp8Out {
+  uint8_t* q = nullptr;
+  const float* scale = nullptr;
+  float* amax = nullptr;
+  Fp8Format format = Fp8Format::kE4M3;
+};
+
+// out_t [cols, rows] = the transpose of the FP8 bytes q [rows, cols]; rows and cols multiples of 4,
+// pointers 4-byte aligned.
+void TransposeFp8(uint8_t* out_t, const uint8_t* q, int64_t rows, int64_t cols, cudaStream_t s);
+
 // amax = max(amax, max |x|) (NaN ignored). Deterministic: a maximum does not depend on order.
 template <typename T>
 void AbsMax(float* amax, const T* x, size_t n, cudaStream_t s);

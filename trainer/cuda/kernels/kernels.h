@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "trainer/cuda/cuda_util.h"
+#include "trainer/cuda/kernels/fp8.h"
 #include "trainer/reference/ops.h"
 
 namespace leantron::trainer::cuda {
@@ -24,12 +25,13 @@ void Fill(T* p, size_t n, float value, cudaStream_t s);
 // dropout, x_out unused, may be null). Then out = LayerNorm(x)·w + b (b may be null), keeping mean
 // and rstd per row (either may be null). In bf16 the LayerNorm reads x as stored in x_out.
 // With branch2 (only with a residual) the branch is branch + branch2 rounded to T: two partial
-// sums of a tensor-parallel product, added as a reduce-scatter would.
+// sums of a tensor-parallel product, added as a reduce-scatter would. With fp8.q the output is
+// written cast to FP8 instead of to `out` (which may be null).
 template <typename T>
 void AddLayerNormForward(T* x_out, T* out, float* mean, float* rstd, const T* residual,
                          const T* branch, const float* w, const float* b, int64_t rows,
                          int64_t cols, float eps, const HiddenDropout& drop, cudaStream_t s,
-                         const T* branch2 = nullptr);
+                         const T* branch2 = nullptr, const Fp8Out& fp8 = {});
 // dx = dresidual + (∂LayerNorm/∂x)ᵀ·dout (dresidual may be null = zeros; dx may alias dresidual;
 // x is the LayerNorm input); dw += Σ_rows, db += Σ_rows (db may be null); if dbranch != nullptr,
 // dbranch = dx with the dropout mask of `drop` applied (kept ·1/(1−p), dropped 0).
@@ -44,7 +46,8 @@ size_t LayerNormBackwardScratchBytes(int64_t rows, int64_t cols);
 template <typename T>
 void AddRmsNormForward(T* x_out, T* out, float* rstd, const T* residual, const T* branch,
                        const float* w, int64_t rows, int64_t cols, float eps,
-                       const HiddenDropout& drop, cudaStream_t s, const T* branch2 = nullptr);
+                       const HiddenDropout& drop, cudaStream_t s, const T* branch2 = nullptr,
+                       const Fp8Out& fp8 = {});
 template <typename T>
 void RmsNormBackward(T* dx, T* dbranch, float* dw, const T* dout, const T* dresidual, const T* x,
                      const float* w, const float* rstd, int64_t rows, int64_t cols,

@@ -3,12 +3,15 @@
 // and launch arithmetic.
 #pragma once
 
+#include <cuda_fp8.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 
 #include "trainer/cuda/cuda_util.h"
+#include "trainer/cuda/kernels/fp8.h"
 #include "trainer/reference/ops.h"
 
 namespace leantron::trainer::cuda::detail {
@@ -110,6 +113,17 @@ __device__ __forceinline__ void Store(T* p, const float (&f)[W]) {
 #pragma unroll
     for (int j = 0; j < W; ++j) p[j] = FromFloat<T>(f[j]);
   }
+}
+
+// ---- FP8 ----
+
+// fp8(v): rounded to nearest even, saturating to the largest finite value, NaN kept.
+__device__ __forceinline__ uint8_t ToFp8(float v, Fp8Format f) {
+  return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, f == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2);
+}
+// amax = max(amax, m) for m >= 0: non-negative floats order as their bits.
+__device__ __forceinline__ void AtomicMaxAbs(float* amax, float m) {
+  atomicMax(reinterpret_cast<int*>(amax), __float_as_int(m));
 }
 
 // ---- activations (the formulas of CpuOps::GeluForward / GeluBackward and SwiGLU's) ----

@@ -10,18 +10,9 @@ namespace leantron::trainer::cuda {
 using namespace detail;
 namespace {
 
-__device__ __forceinline__ uint8_t ToFp8(float v, Fp8Format f) {
-  return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, f == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2);
-}
-
 __device__ __forceinline__ float FromFp8(uint8_t q, Fp8Format f) {
   const __half_raw h = __nv_cvt_fp8_to_halfraw(q, f == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2);
   return __half2float(__half(h));
-}
-
-// |v| of non-negative floats orders as their bits: an integer maximum is the float maximum.
-__device__ __forceinline__ void AtomicMaxAbs(float* amax, float m) {
-  atomicMax(reinterpret_cast<int*>(amax), __float_as_int(m));
 }
 
 __device__ __forceinline__ float WarpMax(float v) {
@@ -243,6 +234,34 @@ __global__ void CastToFp8Vec4Kernel(uint8_t* out, uint8_t* out_t, float* amax, S
   }
 }
 
+// CastToFp8Vec4Kernel's tiles and transposed stores, of bytes already cast.
+__global__ void TransposeFp8Kernel(uint8_t* out_t, const uint8_t* q, int64_t rows, int64_t cols) {
+  __shared__ uint8_t tile[kVecTile][kVecTile + 4];
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kVecTile,
+                c0 = static_cast<int64_t>(blockIdx.x) * kVecTile;
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t c = c0 + 4 * tx;
+  for (int i = ty; i < kVecTile; i += kVecThreads) {
+    const int64_t r = r0 + i;
+    if (r < rows && c < cols) {
+      const uint32_t packed = *reinterpret_cast<const uint32_t*>(q + r * cols + c);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) tile[i][4 * tx + j] = static_cast<uint8_t>(packed >> (8 * j));
+    }
+  }
+  __syncthreads();
+  const int64_t r = r0 + 4 * tx;
+  for (int i = ty; i < kVecTile; i += kVecThreads) {
+    const int64_t cc = c0 + i;
+    if (cc < cols && r < rows) {
+      const uint32_t packed = tile[4 * tx][i] | static_cast<uint32_t>(tile[4 * tx + 1][i]) << 8 |
+                              static_cast<uint32_t>(tile[4 * tx + 2][i]) << 16 |
+                              static_cast<uint32_t>(tile[4 * tx + 3][i]) << 24;
+      *reinterpret_cast<uint32_t*>(out_t + cc * rows + r) = packed;
+    }
+  }
+}
+
 // dbias[c] += Σ_b partials[b · cols + c], b in order.
 __global__ void AddBiasPartialsKernel(float* dbias, const float* partials, int64_t blocks,
                                       int64_t cols) {
@@ -330,6 +349,17 @@ void CastToFp8(uint8_t* out, uint8_t* out_t, float* amax, const T* x, int64_t ro
     CastToFp8Kernel<T>
         <<<grid, dim3(kTile, kTileRows), 0, s>>>(out, out_t, amax, x, rows, cols, scale, format);
   }
+  LT_CUDA_LAUNCH_CHECK();
+}
+
+void TransposeFp8(uint8_t* out_t, const uint8_t* q, int64_t rows, int64_t cols, cudaStream_t s) {
+  if (rows == 0 || cols == 0) return;
+  if (rows % 4 != 0 || cols % 4 != 0 || !Aligned(q, 4) || !Aligned(out_t, 4))
+    Die("TransposeFp8", "needs rows and columns in multiples of 4 and aligned tensors", __FILE__,
+        __LINE__);
+  const dim3 grid(static_cast<unsigned>(CeilDiv(cols, int64_t{kVecTile})),
+                  static_cast<unsigned>(CeilDiv(rows, int64_t{kVecTile})));
+  TransposeFp8Kernel<<<grid, dim3(kVecThreads, kVecThreads), 0, s>>>(out_t, q, rows, cols);
   LT_CUDA_LAUNCH_CHECK();
 }
 

@@ -68,7 +68,32 @@ struct NormFwdArgs {
   float eps;
   HiddenDropout drop;
   const T* branch2 = nullptr;  // added to branch (rounded to T) before the dropout
+  Fp8Out fp8 = {};             // with fp8.q, written in place of out
 };
+
+// W bytes at p (aligned to W when W is 4 or 8).
+template <int W>
+__device__ __forceinline__ void StoreBytes(uint8_t* p, const uint8_t (&b)[W]) {
+  if constexpr (W == 8) {
+    uint2 v;
+    v.x = b[0] | b[1] << 8 | b[2] << 16 | static_cast<uint32_t>(b[3]) << 24;
+    v.y = b[4] | b[5] << 8 | b[6] << 16 | static_cast<uint32_t>(b[7]) << 24;
+    *reinterpret_cast<uint2*>(p) = v;
+  } else if constexpr (W == 4) {
+    *reinterpret_cast<uint32_t*>(p) =
+        b[0] | b[1] << 8 | b[2] << 16 | static_cast<uint32_t>(b[3]) << 24;
+  } else {
+#pragma unroll
+    for (int j = 0; j < W; ++j) p[j] = b[j];
+  }
+}
+
+// The output's FP8 amax, once per block (every thread calls it).
+__device__ __forceinline__ void NormFp8Amax(const Fp8Out& f, float m) {
+  if (f.q == nullptr || f.amax == nullptr) return;
+  m = BlockMax(m);
+  if (threadIdx.x == 0 && m > 0.0f) AtomicMaxAbs(f.amax, m);
+}
 
 template <typename T>
 struct NormBwdArgs {
@@ -144,6 +169,8 @@ __global__ void __launch_bounds__(kNormThreads) NormForwardCached(NormFwdArgs<T>
     }
   }
   const float rs = 1.0f / sqrtf(BlockSum(sq) / static_cast<float>(cols) + a.eps);
+  const float fp8_scale = a.fp8.q != nullptr ? *a.fp8.scale : 0.0f;
+  float m = 0.0f;
 #pragma unroll
   for (int i = 0; i < kIters; ++i) {
     const int64_t c = (static_cast<int64_t>(threadIdx.x) + i * blockDim.x) * W;
@@ -158,9 +185,21 @@ __global__ void __launch_bounds__(kNormThreads) NormForwardCached(NormFwdArgs<T>
 #pragma unroll
         for (int j = 0; j < W; ++j) y[j] += bv[j];
       }
-      Store<W>(a.out + off + c, y);
+      if (a.fp8.q != nullptr) {
+        uint8_t q[W];
+#pragma unroll
+        for (int j = 0; j < W; ++j) {
+          const float v = RoundTo<T>(y[j]);  // the bytes a cast of the stored output gives
+          m = fmaxf(m, fabsf(v));
+          q[j] = ToFp8(v * fp8_scale, a.fp8.format);
+        }
+        StoreBytes<W>(a.fp8.q + off + c, q);
+      } else {
+        Store<W>(a.out + off + c, y);
+      }
     }
   }
+  NormFp8Amax(a.fp8, m);
   if (threadIdx.x == 0) {
     if (!kRms && a.mean != nullptr) a.mean[r] = mu;
     if (a.rstd != nullptr) a.rstd[r] = rs;
@@ -192,11 +231,20 @@ __global__ void __launch_bounds__(kNormThreads) NormForwardLoop(NormFwdArgs<T> a
     sq += d * d;
   }
   const float rs = 1.0f / sqrtf(BlockSum(sq) / static_cast<float>(cols) + a.eps);
+  const float fp8_scale = a.fp8.q != nullptr ? *a.fp8.scale : 0.0f;
+  float m = 0.0f;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
     float y = (ToFloat(xs[c]) - mu) * rs * a.w[c];
     if (!kRms && a.b != nullptr) y += a.b[c];
-    a.out[off + c] = FromFloat<T>(y);
+    if (a.fp8.q != nullptr) {
+      const float v = RoundTo<T>(y);
+      m = fmaxf(m, fabsf(v));
+      a.fp8.q[off + c] = ToFp8(v * fp8_scale, a.fp8.format);
+    } else {
+      a.out[off + c] = FromFloat<T>(y);
+    }
   }
+  NormFp8Amax(a.fp8, m);
   if (threadIdx.x == 0) {
     if (!kRms && a.mean != nullptr) a.mean[r] = mu;
     if (a.rstd != nullptr) a.rstd[r] = rs;
@@ -365,7 +413,8 @@ void LaunchNormForward(const NormFwdArgs<T>& a, cudaStream_t s) {
   constexpr int W = kVec<T>;
   const bool vec = a.cols % W == 0 && Aligned16(a.x_out) && Aligned16(a.out) &&
                    Aligned16(a.residual) && Aligned16(a.branch) && Aligned16(a.branch2) &&
-                   Aligned16(a.w) && Aligned16(a.b);
+                   Aligned16(a.w) && Aligned16(a.b) &&
+                   reinterpret_cast<uintptr_t>(a.fp8.q) % W == 0;
   const unsigned grid = static_cast<unsigned>(a.rows);
   const bool done =
       vec && DispatchIters<8>(a.cols / W, [&](auto iters, int threads) {
@@ -471,11 +520,11 @@ template <typename T>
 void AddLayerNormForward(T* x_out, T* out, float* mean, float* rstd, const T* residual,
                          const T* branch, const float* w, const float* b, int64_t rows,
                          int64_t cols, float eps, const HiddenDropout& drop, cudaStream_t s,
-                         const T* branch2) {
+                         const T* branch2, const Fp8Out& fp8) {
   if (residual == nullptr && branch2 != nullptr)
     Die("AddLayerNormForward", "a second branch needs a residual", __FILE__, __LINE__);
   LaunchNormForward<T, false>(
-      {x_out, out, mean, rstd, residual, branch, w, b, rows, cols, eps, drop, branch2}, s);
+      {x_out, out, mean, rstd, residual, branch, w, b, rows, cols, eps, drop, branch2, fp8}, s);
 }
 
 template <typename T>
@@ -495,11 +544,13 @@ size_t LayerNormBackwardScratchBytes(int64_t rows, int64_t cols) {
 template <typename T>
 void AddRmsNormForward(T* x_out, T* out, float* rstd, const T* residual, const T* branch,
                        const float* w, int64_t rows, int64_t cols, float eps,
-                       const HiddenDropout& drop, cudaStream_t s, const T* branch2) {
+                       const HiddenDropout& drop, cudaStream_t s, const T* branch2,
+                       const Fp8Out& fp8) {
   if (residual == nullptr && branch2 != nullptr)
     Die("AddRmsNormForward", "a second branch needs a residual", __FILE__, __LINE__);
-  LaunchNormForward<T, true>(
-      {x_out, out, nullptr, rstd, residual, branch, w, nullptr, rows, cols, eps, drop, branch2}, s);
+  LaunchNormForward<T, true>({x_out, out, nullptr, rstd, residual, branch, w, nullptr, rows, cols,
+                              eps, drop, branch2, fp8},
+                             s);
 }
 
 template <typename T>
@@ -540,19 +591,19 @@ size_t ColumnSumScratchBytes(int64_t rows, int64_t cols) {
   return ScratchCarver::Size(static_cast<size_t>(ColumnGroups(rows)) * cols * sizeof(float));
 }
 
-#define LT_NORM_INSTANTIATE(T)                                                                    \
-  template void AddLayerNormForward<T>(T*, T*, float*, float*, const T*, const T*, const float*,  \
-                                       const float*, int64_t, int64_t, float,                     \
-                                       const HiddenDropout&, cudaStream_t, const T*);             \
-  template void LayerNormBackward<T>(T*, T*, float*, float*, const T*, const T*, const T*,        \
-                                     const float*, const float*, const float*, int64_t, int64_t,  \
-                                     const HiddenDropout&, Scratch, cudaStream_t);                \
-  template void AddRmsNormForward<T>(T*, T*, float*, const T*, const T*, const float*, int64_t,   \
-                                     int64_t, float, const HiddenDropout&, cudaStream_t,          \
-                                     const T*);                                                   \
-  template void RmsNormBackward<T>(T*, T*, float*, const T*, const T*, const T*, const float*,    \
-                                   const float*, int64_t, int64_t, const HiddenDropout&, Scratch, \
-                                   cudaStream_t);                                                 \
+#define LT_NORM_INSTANTIATE(T)                                                                     \
+  template void AddLayerNormForward<T>(                                                            \
+      T*, T*, float*, float*, const T*, const T*, const float*, const float*, int64_t, int64_t,    \
+      float, const HiddenDropout&, cudaStream_t, const T*, const Fp8Out&);                         \
+  template void LayerNormBackward<T>(T*, T*, float*, float*, const T*, const T*, const T*,         \
+                                     const float*, const float*, const float*, int64_t, int64_t,   \
+                                     const HiddenDropout&, Scratch, cudaStream_t);                 \
+  template void AddRmsNormForward<T>(T*, T*, float*, const T*, const T*, const float*, int64_t,    \
+                                     int64_t, float, const HiddenDropout&, cudaStream_t, const T*, \
+                                     const Fp8Out&);                                               \
+  template void RmsNormBackward<T>(T*, T*, float*, const T*, const T*, const T*, const float*,     \
+                                   const float*, int64_t, int64_t, const HiddenDropout&, Scratch,  \
+                                   cudaStream_t);                                                  \
   template void ColumnSumAccumulate<T>(float*, const T*, int64_t, int64_t, Scratch, cudaStream_t);
 LT_NORM_INSTANTIATE(float)
 LT_NORM_INSTANTIATE(bf16)

@@ -5,15 +5,17 @@
 namespace leantron::trainer::cuda {
 
 void Norm::Forward(const bf16* residual, RowParallelOutput branch, bf16* x_out, bf16* out_local,
-                   const Stats& stats, const HiddenDropout& drop, bf16* gather_full) const {
+                   const Stats& stats, const HiddenDropout& drop, bf16* gather_full,
+                   const Fp8Out& fp8) const {
   const RowGeometry& g = ctx_.rows();
   ctx_.prof().Begin("residual+layernorm fwd");
   if (spec_.rms()) {
     AddRmsNormForward<bf16>(x_out, out_local, stats.rstd, residual, branch.local, w_, g.local_rows,
-                            h_, spec_.eps, drop, MainStream(), branch.addend);
+                            h_, spec_.eps, drop, MainStream(), branch.addend, fp8);
   } else {
     AddLayerNormForward<bf16>(x_out, out_local, stats.mean, stats.rstd, residual, branch.local, w_,
-                              b_, g.local_rows, h_, spec_.eps, drop, MainStream(), branch.addend);
+                              b_, g.local_rows, h_, spec_.eps, drop, MainStream(), branch.addend,
+                              fp8);
   }
   if (gather_full != nullptr) ctx_.tp().GatherRows(gather_full);
   ctx_.prof().End();
@@ -49,11 +51,15 @@ AttentionBlock::AttentionBlock(const ModuleContext& ctx, const LayerSpec& spec,
       proj_(ctx.linear, ctx.row_out, shard.attn_width, spec.hidden, w.proj_w, w.proj_b, w.d_proj_w,
             w.d_proj_b, fp8) {}
 
-RowParallelOutput AttentionBlock::Forward(bf16* in, const Acts& a) const {
-  if (!grouped_) {
-    qkv_.Forward("matmul fwd qkv", in, a.qkv, a.in_t);
-  } else {  // the product into scratch, then rearranged (and rotated) into a.qkv
-    qkv_.Forward("matmul fwd qkv", in, ctx_.dqkv, a.in_t);
+RowParallelOutput AttentionBlock::Forward(bf16* in, const Acts& a, bool in_cast) const {
+  // The product into a.qkv, or into scratch, then rearranged (and rotated) into a.qkv.
+  bf16* out = grouped_ ? ctx_.dqkv : a.qkv;
+  if (in_cast) {
+    qkv_.ForwardCast("matmul fwd qkv", out, a.in_t);
+  } else {
+    qkv_.Forward("matmul fwd qkv", in, out, a.in_t);
+  }
+  if (grouped_) {
     ctx_.prof().Begin("rope");
     RearrangeQkv<bf16>(a.qkv, ctx_.dqkv, ctx_.rows().rows, ctx_.seq, shard_.heads, shard_.groups,
                        shard_.head_dim, rope_ ? ctx_.rope_cos : nullptr,
@@ -92,9 +98,13 @@ MlpBlock::MlpBlock(const ModuleContext& ctx, const LayerSpec& spec, const LayerS
       fc2_(ctx.linear, ctx.row_out, shard.ffn, spec.hidden, w.fc2_w, w.fc2_b, w.d_fc2_w, w.d_fc2_b,
            fp8) {}
 
-RowParallelOutput MlpBlock::Forward(bf16* in, const Acts& a) const {
+RowParallelOutput MlpBlock::Forward(bf16* in, const Acts& a, bool in_cast) const {
   if (fp8()) {  // fc2's cast reads fc1's output through the activation
-    fc1_.Forward("matmul fwd fc1", in, a.pre, a.in_t);
+    if (in_cast) {
+      fc1_.ForwardCast("matmul fwd fc1", a.pre, a.in_t);
+    } else {
+      fc1_.Forward("matmul fwd fc1", in, a.pre, a.in_t);
+    }
     return fc2_.Forward("matmul fwd fc2", Fp8Source{a.pre, act_}, a.act_t);
   }
   if (gated_) {  // fc1 = [gate | up] on this rank

@@ -61,9 +61,11 @@ class Norm {
       : ctx_(ctx), spec_(spec), h_(hidden), w_(w), b_(b), dw_(dw), db_(db) {}
   // x = residual + dropout(branch) into x_out, the branch being branch.local (+ branch.addend);
   // or, with no residual, x = branch.local (no dropout, x_out unused). Then out_local =
-  // norm(x)·w + b, this rank's rows; all-gathered into `gather_full` when given (under SP).
+  // norm(x)·w + b, this rank's rows; all-gathered into `gather_full` when given (under SP). With
+  // fp8.q the output is written cast to FP8 there instead (out_local unused).
   void Forward(const bf16* residual, RowParallelOutput branch, bf16* x_out, bf16* out_local,
-               const Stats& stats, const HiddenDropout& drop, bf16* gather_full = nullptr) const;
+               const Stats& stats, const HiddenDropout& drop, bf16* gather_full = nullptr,
+               const Fp8Out& fp8 = {}) const;
   // dx = dresidual (null: zeros) + the norm's input gradient from dout (local rows), x being the
   // norm's input; dw, db accumulate. The gradient of the branch that fed x (dx through its
   // dropout) is returned as all rows: `dx` itself when no dropout and no SP make them equal, else
@@ -91,8 +93,10 @@ class AttentionBlock {
   };
   AttentionBlock(const ModuleContext& ctx, const LayerSpec& spec, const LayerShard& shard,
                  CoreAttention* core, const LayerTensors<bf16>& w, bool fp8 = false);
-  // `in`: the norm's output, all rows (under SP this rank's present; gathered on the way).
-  RowParallelOutput Forward(bf16* in, const Acts& a) const;
+  // `in`: the norm's output, all rows (under SP this rank's present; gathered on the way); with
+  // `in_cast` the norm wrote it cast to FP8 where InputTarget said instead (a.in_t given).
+  RowParallelOutput Forward(bf16* in, const Acts& a, bool in_cast = false) const;
+  Fp8Out InputTarget() const { return qkv_.InputTarget(); }
   // din (all rows buffer, this rank's rows TP-reduced) from the output gradient `dout` (all rows;
   // under SP gathered on the way) and the forward's input and activations.
   void Backward(bf16* dout, const bf16* in, const Acts& a, bf16* din) const;
@@ -119,7 +123,9 @@ class MlpBlock {
   };
   MlpBlock(const ModuleContext& ctx, const LayerSpec& spec, const LayerShard& shard,
            const LayerTensors<bf16>& w, bool fp8 = false);
-  RowParallelOutput Forward(bf16* in, const Acts& a) const;
+  // As AttentionBlock::Forward.
+  RowParallelOutput Forward(bf16* in, const Acts& a, bool in_cast = false) const;
+  Fp8Out InputTarget() const { return fc1_.InputTarget(); }
   // Rebuilds a.act from a.pre (GELU recomputation).
   void RecomputeActivation(const Acts& a) const;
   // Rebuilds a.pre and a.act from `in`, all rows present (selective recomputation, mlp): the

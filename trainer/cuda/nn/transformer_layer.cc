@@ -51,17 +51,29 @@ TransformerLayer::Acts TransformerLayer::MakeActs(bf16* shared_act, bf16* shared
   return a;
 }
 
+bool TransformerLayer::NormCasts(const Acts& a, bool pre_mlp) const {
+  const bool kept =
+      pre_mlp ? a.mlp.in_t != nullptr && !a.mlp_recomputed : a.attention.in_t != nullptr;
+  return kept && !ctx_.tp().sequence_parallel() && ctx_.linear.fp8->scaling().options().delayed;
+}
+
 void TransformerLayer::NormInput(const bf16* residual, RowParallelOutput branch, bf16* x_out,
                                  const Acts& a, const HiddenDropout& drop) const {
+  if (NormCasts(a, false)) {
+    input_norm_.Forward(residual, branch, x_out, nullptr, a.ln1_stats, drop, nullptr,
+                        attention_.InputTarget());
+    return;
+  }
   input_norm_.Forward(residual, branch, x_out, ctx_.tp().LocalRows(a.ln1), a.ln1_stats, drop);
 }
 
 RowParallelOutput TransformerLayer::Forward(const bf16* x, const Acts& a,
                                             const HiddenDropout& attention_drop) const {
-  const RowParallelOutput attention = attention_.Forward(a.ln1, a.attention);
-  pre_mlp_norm_.Forward(x, attention, a.mid, ctx_.tp().LocalRows(a.ln2), a.ln2_stats,
-                        attention_drop);
-  const RowParallelOutput mlp = mlp_.Forward(a.ln2, a.mlp);
+  const RowParallelOutput attention = attention_.Forward(a.ln1, a.attention, NormCasts(a, false));
+  const bool cast = NormCasts(a, true);
+  pre_mlp_norm_.Forward(x, attention, a.mid, cast ? nullptr : ctx_.tp().LocalRows(a.ln2),
+                        a.ln2_stats, attention_drop, nullptr, cast ? mlp_.InputTarget() : Fp8Out{});
+  const RowParallelOutput mlp = mlp_.Forward(a.ln2, a.mlp, cast);
   ctx_.prof().End();
   return mlp;
 }

@@ -67,6 +67,10 @@ class TransformerLayer {
                  const HiddenDropout& attention_drop, const HiddenDropout& input_drop) const;
 
  private:
+  // Whether a norm writes its output cast to FP8 for the next product (no bf16 output): FP8
+  // layers that keep the product's input transposed, under delayed scaling, without SP; the
+  // pre-MLP norm's output stays bf16 when fc1 runs again from it (MLP recomputation).
+  bool NormCasts(const Acts& a, bool pre_mlp) const;
   // out (all rows; this rank's computed, the rest gathered under SP) = norm(in), in being what
   // the forward normalised (no residual add left); the stats are rewritten with equal values.
   void RenormAll(const Norm& norm, const bf16* in, bf16* out, const Norm::Stats& stats) const;

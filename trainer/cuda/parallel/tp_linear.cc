@@ -40,6 +40,18 @@ void ColumnParallelLinear::ForwardFp8(const char* op, bf16* in, bf16* pre, bf16*
   }
 }
 
+void ColumnParallelLinear::ForwardCast(const char* op, bf16* out, uint8_t* keep_t) const {
+  if (fp8_.linear < 0 || ctx_.tp->sequence_parallel())
+    Die("ColumnParallelLinear", "a cast input needs an FP8 layer without SP", __FILE__, __LINE__);
+  const int64_t rows = ctx_.tp->rows().rows;
+  Fp8Products& f = *ctx_.fp8;
+  ctx_.prof->Begin("fp8 cast");
+  f.PrepareWeight(fp8_, w_, n_, k_);
+  f.TransposeInput(rows, k_, keep_t);
+  ctx_.prof->Begin(Fp8OpName(op));
+  f.Forward(fp8_, out, b_, 0, rows, k_, n_);
+}
+
 void WeightGrad(const LinearContext& ctx, float* dw, float* db, const bf16* dout, const bf16* in,
                 int64_t k, int64_t n) {
   const int64_t rows = ctx.tp->rows().rows;

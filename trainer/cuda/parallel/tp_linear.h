@@ -66,6 +66,10 @@ class ColumnParallelLinear {
   // FP8 layers with `keep_t`: the input's transposed FP8 copy [k, rows] kept there (the same cast
   // writes it) for Backward's weight gradient.
   void Forward(const char* op, bf16* in, bf16* out, uint8_t* keep_t = nullptr) const;
+  // FP8 layers under delayed scaling, no SP: where the input's producer writes it cast (a norm),
+  // then Forward from there, its transpose kept in keep_t.
+  Fp8Out InputTarget() const { return ctx_.fp8->InputTarget(fp8_); }
+  void ForwardCast(const char* op, bf16* out, uint8_t* keep_t) const;
   // The same with tanh GELU in the epilogue: pre = in · Wᵀ + b, out = gelu(pre).
   void ForwardGelu(const char* op, bf16* in, bf16* pre, bf16* out) const;
   // Forward and ForwardGelu again when `in` holds all rows already (a recomputation in the
