@@ -3,8 +3,10 @@
 # ICU 72, Gloo, ...) into .bundle/leantron.tar.gz, for the device tool's `carry`. Extra files
 # (corpora, vocabularies) can be added with --add PATH (stored under data/); --quickstart-data adds
 # the quickstart's English corpus preprocessed with GPT-2's tokenizer (data/quickstart/, for
-# tests/gpu/test_gpu_fp8.py; built once into .cache/quickstart-data).
-#   scripts/device_bundle.sh [--add PATH]... [--quickstart-data] [--name NAME] [PROGRAM...]
+# tests/gpu/test_gpu_fp8.py; built once into .cache/quickstart-data); --torchao adds the torchao
+# wheel from PyPI (wheels/, for bench_train.py --peer torchao; scripts/device_check.sh installs it).
+#   scripts/device_bundle.sh [--add PATH]... [--quickstart-data] [--torchao] [--name NAME]
+#                            [PROGRAM...]
 #     (default: every program in $BUILD_DIR/bin, into .bundle/leantron.tar.gz or .bundle/NAME.tar.gz)
 # On the device:  mkdir -p /tmp/lt && tar -xzf .bundle/leantron.tar.gz -C /tmp/lt &&
 #                 export PATH=/tmp/lt/bin:$PATH LD_LIBRARY_PATH=/tmp/lt/lib
@@ -13,6 +15,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${BUILD_DIR:-$ROOT/build}/bin"
 OUT="$ROOT/.bundle"
 extra=()
+wheels=()
 programs=()
 name=leantron
 while (($#)); do
@@ -32,6 +35,11 @@ while (($#)); do
           --merge-file "$LEANTRON_VOCAB_DIR/vocab.bpe" --append-eod --workers 2 >/dev/null
       fi
       extra+=("$q"); shift ;;
+    --torchao)
+      w="$ROOT/.cache/wheels"
+      ls "$w"/torchao-0.18.0-*.whl >/dev/null 2>&1 ||
+        python3 -m pip download --no-deps torchao==0.18.0 -d "$w" >/dev/null
+      wheels+=("$w"/torchao-0.18.0-*.whl); shift ;;
     *) programs+=("$1"); shift ;;
   esac
 done
@@ -49,5 +57,6 @@ for p in "${programs[@]}"; do
   done
 done
 for f in "${extra[@]}"; do cp -r "$f" "$stage/data/"; done
+if ((${#wheels[@]})); then mkdir -p "$stage/wheels" && cp "${wheels[@]}" "$stage/wheels/"; fi
 tar -czf "$OUT/$name.tar.gz" -C "$stage" .
 echo "$OUT/$name.tar.gz: $(du -h "$OUT/$name.tar.gz" | cut -f1) (${#programs[@]} programs, $(ls "$stage/lib" | wc -l) libraries)"

@@ -25,6 +25,11 @@ mkdir -p "$OUT" /tmp/lt
 tar -xzf "${LEANTRON_BUNDLE:-.bundle/leantron.tar.gz}" -C /tmp/lt || exit 1
 export PATH=/tmp/lt/bin:$PATH LD_LIBRARY_PATH=/tmp/lt/lib LEANTRON_BIN=/tmp/lt/bin
 export LEANTRON_ROOT="$PWD" PYTHONUNBUFFERED=1
+# Python packages the bundle carries (device_bundle.sh --torchao), beside the machine's own.
+if ls /tmp/lt/wheels/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-deps --target /tmp/lt/py /tmp/lt/wheels/*.whl || exit 1
+  export PYTHONPATH=/tmp/lt/py${PYTHONPATH:+:$PYTHONPATH}
+fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 GPUS=$(nvidia-smi -L | grep -c '^GPU')
 status=0

@@ -128,7 +128,9 @@ def run_ours(bin_dir, name, mb, iters, extra, nproc=1):
     return out
 
 
-def run_peer(name, mb, compile_):
+def run_peer(name, mb, compile_, float8=None):
+    if name in LLAMA and float8:
+        return {"error": "the torchao float8 peer runs the GPT-2 shapes"}
     if name in LLAMA:
         m = LLAMA[name]
         cmd = [sys.executable, str(ROOT / "bench/gpu/torch_llama_peer.py"), "--layers",
@@ -146,6 +148,8 @@ def run_peer(name, mb, compile_):
                "--hidden", str(h), "--heads", str(heads), "--micro-batch", str(mb)]
     if not compile_:
         cmd.append("--no-compile")
+    if float8:
+        cmd += ["--float8", float8]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         return {"error": (proc.stdout + proc.stderr)[-2000:]}
@@ -167,7 +171,9 @@ def main():
     ap.add_argument("--runs", default="124M:32,774M:16,774M:32,1.5B:16",
                     help="model:micro-batch list; models: " + ", ".join([*MODELS, *LLAMA]))
     ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--peer", choices=["compile", "eager", "none"], default="compile")
+    # torchao: compiled, with torchao's float8 training (tensorwise), the package carried by
+    # scripts/device_bundle.sh --torchao.
+    ap.add_argument("--peer", choices=["compile", "eager", "torchao", "none"], default="compile")
     ap.add_argument("--extra", default="", help="extra flags for train (space-separated)")
     ap.add_argument("--nproc", type=int, default=1,
                     help="GPUs per run of ours (with TP/PP flags in --extra; the peer runs on one)")
@@ -186,7 +192,8 @@ def main():
         if "profile" in ours:
             print(ours["profile"], flush=True)
         if a.peer != "none":
-            peer = run_peer(name, int(mb), a.peer == "compile")
+            peer = run_peer(name, int(mb), a.peer != "eager",
+                            "tensorwise" if a.peer == "torchao" else None)
             results.append(peer)
             lines.append(row(peer))
             print(lines[-1], flush=True)

@@ -1,6 +1,8 @@
 """The PyTorch peer for bench/gpu: a nanoGPT-style GPT-2 (pre-LayerNorm, tanh GELU, learned
 positions, tied output, scaled_dot_product_attention), bf16 autocast, fused AdamW, gradient
-clipping at 1.0, torch.compile. Random tokens; prints one JSON line with ms/step, tokens/s, MFU
+clipping at 1.0, torch.compile; with --float8, torchao's float8 training of the blocks' linear
+layers (`convert_to_float8_training`, the output layer stays bf16 as Megatron's and ours do).
+Random tokens; prints one JSON line with ms/step, tokens/s, MFU
 (Megatron's formula, 989 TFLOP/s) and peak memory. Same shapes as `train --bf16` in
 bench/gpu/bench_train.py."""
 import argparse
@@ -69,10 +71,16 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--float8", choices=["tensorwise", "rowwise"], default=None,
+                    help="torchao's float8 training recipe for the blocks' nn.Linear layers")
     a = ap.parse_args()
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = True
     model = GPT(a.layers, a.hidden, a.heads, a.vocab, a.seq).cuda()
+    if a.float8:  # every nn.Linear is a block's: the output layer is F.linear of the embedding
+        import torchao
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(a.float8))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
     step_model = model if a.no_compile else torch.compile(model)
     gen = torch.Generator(device="cuda").manual_seed(1)
@@ -99,7 +107,8 @@ def main():
     tokens = a.micro_batch * a.seq
     flops = megatron_flops_per_token(a.layers, a.hidden, a.seq, a.vocab, 4 * a.hidden) * tokens
     print(json.dumps({
-        "peer": "torch " + torch.__version__ + (" eager" if a.no_compile else " compile"),
+        "peer": "torch " + torch.__version__ + (" eager" if a.no_compile else " compile") +
+                (f" + torchao {torchao.__version__} float8 {a.float8}" if a.float8 else ""),
         "layers": a.layers, "hidden": a.hidden, "micro_batch": a.micro_batch,
         "ms_per_step": round(ms, 1), "tokens_per_s": round(tokens / ms * 1000),
         "tflops": round(flops / ms / 1e9, 1), "mfu": round(flops / ms / 1e9 / 989 * 100, 1),
