@@ -60,7 +60,8 @@ int main(int argc, char** argv) {
   const int64_t vrows = argc > 4 ? std::atoll(argv[4]) : 16384;
   const int64_t vocab = argc > 5 ? std::atoll(argv[5]) : 50304;
   Matmul mm;
-  const size_t big = static_cast<size_t>(std::max(m * ffn, vrows * vocab));
+  // SwiGLU's casts read [m, 2·ffn].
+  const size_t big = static_cast<size_t>(std::max(2 * m * ffn, vrows * vocab));
   auto* x = static_cast<bf16*>(Buffer(big * 2));
   auto* y = static_cast<bf16*>(Buffer(big * 2));
   auto* aux = static_cast<bf16*>(Buffer(big * 2));
@@ -132,8 +133,9 @@ int main(int argc, char** argv) {
   // fc1's output through tanh GELU or SwiGLU ([m, 2·ffn] read); fc1's output gradient from the
   // activation's gradient and fc1's output, the bias gradient summed; a plain output gradient
   // with its bias gradient.
-  auto* dbias = static_cast<float*>(Buffer(static_cast<size_t>(2 * ffn) * 4));
-  auto* ws = static_cast<float*>(Buffer(Fp8BiasWorkspace(m, 2 * ffn) * 4));
+  const int64_t widest = std::max(2 * ffn, 3 * h);
+  auto* dbias = static_cast<float*>(Buffer(static_cast<size_t>(widest) * 4));
+  auto* ws = static_cast<float*>(Buffer(Fp8BiasWorkspace(m, widest) * 4));
   auto cast = [&](const char* name, double bytes, Fp8Source src, int64_t cols, Fp8Format f,
                   bool bias) {
     rows.push_back({name, 0.0, TimeMs([&] {

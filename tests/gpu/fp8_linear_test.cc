@@ -243,7 +243,9 @@ std::vector<double> ActivationGrad(Fp8Activation act, const std::vector<float>& 
 // forward and (transposed) in the backward or kept from the forward, and fc1's output gradient is
 // computed by its own cast from the activation's gradient, its bias gradient summed on the way;
 // for tanh and erf GELU and SwiGLU, both recipes, against float64 products of the float64
-// activation of fc1's output as the GPU left it.
+// activation of fc1's output as the GPU left it. Under tensorwise scaling another micro-batch's
+// forward runs between the forward and the backward checked. fc2's bias gradient: the column sums
+// of its output gradient.
 TEST_F(Fp8LinearTest, MlpActivationComputedByTheCasts) {
   for (const Fp8Activation act :
        {Fp8Activation::kGeluTanh, Fp8Activation::kGeluErf, Fp8Activation::kSwiglu}) {
@@ -268,17 +270,34 @@ TEST_F(Fp8LinearTest, MlpActivationComputedByTheCasts) {
                                true);
       RowParallelLinear row(rig.ctx, row_out, ffn, kIn, dw2->get(), db2->get(), gw2.get(),
                             gb2.get(), true);
-      // Delayed: the inputs' transposes kept by the forward casts (MlpBlock's Acts::in_t and
-      // act_t); tensorwise: cast again in the backward.
-      Dev<uint8_t> in_t(kRows * kIn), act_t(kRows * ffn);
-      uint8_t* keep_in = delayed ? in_t.get() : nullptr;
-      uint8_t* keep_act = delayed ? act_t.get() : nullptr;
+      // The inputs' transposes kept by the forward casts (MlpBlock's Acts::in_t and act_t) on
+      // the first step, cast again in the backward on the second (delayed scaling).
+      Dev<uint8_t> in_t(Fp8Products::KeptBytes(kRows, kIn)),
+          act_t(Fp8Products::KeptBytes(kRows, ffn));
+      // Tensorwise: a second micro-batch's forward (inputs 4x larger, so other scales) runs
+      // between the first's forward and backward, as pipeline schedules do; the first's kept
+      // transposes keep their own scales.
+      std::vector<float> x4(x);
+      for (float& v : x4) v *= 4.0f;  // exact in bf16
+      auto dx2 = DevT<bf16>(x4);
+      Dev<bf16> pre2(kRows * fc1);
+      Dev<uint8_t> in_t2(Fp8Products::KeptBytes(kRows, kIn)),
+          act_t2(Fp8Products::KeptBytes(kRows, ffn));
+      std::vector<bf16> part_raw(kRows * kIn);  // fc2's output, before a second forward
       for (int step = 0; step < (delayed ? 2 : 1); ++step) {
+        uint8_t* keep_in = step == 0 ? in_t.get() : nullptr;
+        uint8_t* keep_act = step == 0 ? act_t.get() : nullptr;
         rig.scaling.NewWeights(nullptr);
         for (Dev<float>* g : {&gw1, &gb1, &gw2, &gb2})
           LT_CUDA_CHECK(cudaMemsetAsync(g->get(), 0, g->size() * sizeof(float), MainStream()));
         col.Forward("fc1", dx->get(), pre.get(), keep_in);
         row.Forward("fc2", Fp8Source{pre.get(), act}, keep_act);
+        LT_CUDA_CHECK(cudaMemcpy(part_raw.data(), partial, part_raw.size() * sizeof(bf16),
+                                 cudaMemcpyDeviceToHost));
+        if (!delayed) {
+          col.Forward("fc1", dx2->get(), pre2.get(), in_t2.get());
+          row.Forward("fc2", Fp8Source{pre2.get(), act}, act_t2.get());
+        }
         row.Backward("fc2 bwd", dg2->get(), Fp8Source{pre.get(), act}, dact.get(), keep_act);
         col.Backward("fc1 bwd", Fp8Source{pre.get(), act, dact.get()}, dx->get(), din1.get(),
                      keep_in);
@@ -289,9 +308,6 @@ TEST_F(Fp8LinearTest, MlpActivationComputedByTheCasts) {
       const double bf16_out = 1.0 / 256;
       const auto h = DownF(pre);
       const std::vector<double> a = Activate(act, h, ffn);
-      std::vector<bf16> part_raw(kRows * kIn);
-      LT_CUDA_CHECK(cudaMemcpy(part_raw.data(), partial, part_raw.size() * sizeof(bf16),
-                               cudaMemcpyDeviceToHost));
       const Product p2 = Multiply(
           kRows, kIn, ffn, [&](int64_t i, int64_t k) { return a[i * ffn + k]; },
           [&](int64_t j, int64_t k) { return w2[j * ffn + k]; });
@@ -324,6 +340,10 @@ TEST_F(Fp8LinearTest, MlpActivationComputedByTheCasts) {
         }
         ASSERT_NEAR(got_b1[j], sum, 1e-5 * mag + 1e-12) << "fc1 bias gradient " << j;
       }
+      std::vector<float> want_b2(kIn, 0.0f);
+      for (int64_t r = 0; r < kRows; ++r)
+        for (int64_t c = 0; c < kIn; ++c) want_b2[c] += g2[r * kIn + c];
+      EXPECT_TRUE(Close(gb2.Download(), want_b2, 1e-3)) << "fc2 bias gradient";
     }
   }
 }

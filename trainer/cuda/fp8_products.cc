@@ -110,6 +110,12 @@ void Fp8Products::PrepareWeight(const Fp8Weight& w, const bf16* w16, int64_t n, 
 void Fp8Products::CastInput(const Fp8Weight& w, const Fp8Source& in, int64_t rows, int64_t k,
                             uint8_t* keep_t) {
   scaling_->Cast(w.linear, Fp8Scaling::kInput, in, rows, k, in_, keep_t, record_);
+  // Delayed scales hold still within a step; tensorwise ones move at the next cast of the layer.
+  if (keep_t != nullptr && !scaling_->options().delayed) {
+    LT_CUDA_CHECK(cudaMemcpyAsync(keep_t + rows * k,
+                                  scaling_->scale_inv(w.linear, Fp8Scaling::kInput), sizeof(float),
+                                  cudaMemcpyDeviceToDevice, MainStream()));
+  }
 }
 
 Fp8Out Fp8Products::InputTarget(const Fp8Weight& w) const {
@@ -162,8 +168,10 @@ void Fp8Products::CastInputTransposed(const Fp8Weight& w, const Fp8Source& in, i
 
 void Fp8Products::BackwardWeight(const Fp8Weight& w, float* dw, int64_t rows, int64_t k, int64_t n,
                                  const uint8_t* in_t) {
+  const bool kept_scale = in_t != nullptr && !scaling_->options().delayed;
   const Fp8Operand a{in_t != nullptr ? in_t : in_t_, Fp8Format::kE4M3,
-                     scaling_->scale_inv(w.linear, Fp8Scaling::kInput)};
+                     kept_scale ? reinterpret_cast<const float*>(in_t + rows * k)
+                                : scaling_->scale_inv(w.linear, Fp8Scaling::kInput)};
   const Fp8Operand b{grad_t_, scaling_->format(Fp8Scaling::kGrad),
                      scaling_->scale_inv(w.linear, Fp8Scaling::kGrad)};
   mm_.Gemm(k, n, rows, a, b, dw, CUDA_R_32F, k, /*accumulate=*/true, /*fast_accum=*/false);

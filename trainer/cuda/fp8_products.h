@@ -7,8 +7,8 @@
 // they are, the data gradient Wᵀ and dout, the weight gradient inᵀ and doutᵀ: a weight is cast
 // once per new version of the weights (both layouts), dout once per backward (both layouts, the
 // bias gradient summed on the way), and `in` in the forward, both layouts when the caller keeps
-// the transpose for the backward (a byte per element, where the bf16 input it replaces weighs
-// two), else again, transposed, in the backward (the same scale, so the same bytes). What a cast
+// the transpose for the backward (a byte per element, with its scale), else again, transposed, in
+// the backward (the same scale, so the same bytes). What a cast
 // reads may be computed on the way (fp8.h's Fp8Source): fc2's input is the activation of fc1's
 // output, fc1's output gradient the activation's gradient through its derivative.
 //
@@ -106,14 +106,18 @@ class Fp8Products {
 
   // Casts W (bf16 [n, k]) when the weights changed since its last cast.
   void PrepareWeight(const Fp8Weight& w, const bf16* w16, int64_t n, int64_t k);
+  // A kept transpose (CastInput's keep_t): the bytes [k, rows], then 16 bytes holding the inverse
+  // scale they were cast with. Tensorwise scaling moves a layer's input scale at every cast, and
+  // under pipeline parallelism later micro-batches' forwards run before this one's backward.
+  static int64_t KeptBytes(int64_t rows, int64_t k) { return rows * k + 16; }
   // The forward's input, all `rows` rows, cast for Forward; with `keep_t` also its transpose
-  // [k, rows] there, for BackwardWeight (the same kernel writes both).
+  // there (KeptBytes), for BackwardWeight (the same kernel writes both).
   void CastInput(const Fp8Weight& w, const Fp8Source& in, int64_t rows, int64_t k,
                  uint8_t* keep_t = nullptr);
   // Delayed scaling: where w's forward input goes when its producer casts it (a norm): E4M3 with
   // the input's scale, its amax recorded (not in evaluations). Forward reads it as CastInput's.
   Fp8Out InputTarget(const Fp8Weight& w) const;
-  // The input its producer wrote there, transposed into keep_t for BackwardWeight.
+  // The input its producer wrote there, transposed into keep_t (KeptBytes) for BackwardWeight.
   void TransposeInput(int64_t rows, int64_t k, uint8_t* keep_t);
   // out = rows [r0, r0 + rows) of the cast input · Wᵀ (+ bias).
   void Forward(const Fp8Weight& w, bf16* out, const bf16* bias, int64_t r0, int64_t rows, int64_t k,

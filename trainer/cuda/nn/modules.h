@@ -126,7 +126,7 @@ class MlpBlock {
   // As AttentionBlock::Forward.
   RowParallelOutput Forward(bf16* in, const Acts& a, bool in_cast = false) const;
   Fp8Out InputTarget() const { return fc1_.InputTarget(); }
-  // Rebuilds a.act from a.pre (GELU recomputation).
+  // Rebuilds a.act from a.pre (GELU recomputation; nothing for FP8 layers, which keep no act).
   void RecomputeActivation(const Acts& a) const;
   // Rebuilds a.pre and a.act from `in`, all rows present (selective recomputation, mlp): the
   // forward's products on the same blocks of rows, so bitwise the same.

@@ -33,15 +33,15 @@ TransformerLayer::Acts TransformerLayer::MakeActs(bf16* shared_act, bf16* shared
   a.mid = m.Alloc<bf16>(g.local_rows * h);
   a.ln2 = norm_out != nullptr ? norm_out : m.Alloc<bf16>(n * h);
   if (keep_t) {
-    a.attention.in_t = m.Alloc<uint8_t>(n * h);
-    a.mlp.in_t = m.Alloc<uint8_t>(n * h);
+    a.attention.in_t = m.Alloc<uint8_t>(Fp8Products::KeptBytes(n, h));
+    a.mlp.in_t = m.Alloc<uint8_t>(Fp8Products::KeptBytes(n, h));
   }
-  if (fp8()) a.attention.att_t = m.Alloc<uint8_t>(n * shard_.attn_width);
+  if (fp8()) a.attention.att_t = m.Alloc<uint8_t>(Fp8Products::KeptBytes(n, shard_.attn_width));
   a.mlp.pre = a.mlp_recomputed ? shared_pre : m.Alloc<bf16>(n * shard_.fc1_width);
   if (shared_act != nullptr) {  // recomputed: FP8 layers cast fc2's input again instead
     a.mlp.act = shared_act;
   } else if (fp8()) {
-    a.mlp.act_t = m.Alloc<uint8_t>(n * shard_.ffn);
+    a.mlp.act_t = m.Alloc<uint8_t>(Fp8Products::KeptBytes(n, shard_.ffn));
   } else {
     a.mlp.act = m.Alloc<bf16>(n * shard_.ffn);
   }

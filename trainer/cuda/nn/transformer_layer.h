@@ -48,7 +48,8 @@ class TransformerLayer {
                 bf16* fp8_norm = nullptr) const;
 
   // The input norm: x = residual + dropout(branch) into x_out (or x = branch.local without a
-  // residual), then a.ln1 (this rank's rows; the QKV product gathers the rest).
+  // residual), then a.ln1 (this rank's rows; the QKV product gathers the rest), or the QKV
+  // product's FP8 input when the norm casts (NormCasts).
   void NormInput(const bf16* residual, RowParallelOutput branch, bf16* x_out, const Acts& a,
                  const HiddenDropout& drop) const;
   // From a.ln1 (the input norm of x, done): the attention block, the residual + pre-MLP norm (mid
