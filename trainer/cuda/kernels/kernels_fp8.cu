@@ -179,6 +179,24 @@ struct SwigluGradSource {  // [d gate | d up] [rows, 2w] from dact [rows, w], x 
 // With `bias_partials` each tile's column sums go to bias_partials[blockIdx.y · cols + c].
 constexpr int kVecTile = 64, kVecThreads = 16;
 
+// The tile at (r0, c0) of a [rows, cols] tensor, written to the transpose out_t [cols, rows]: four
+// adjacent rows' bytes of one column per 4-byte store.
+__device__ __forceinline__ void StoreTileTransposed(const uint8_t (&tile)[kVecTile][kVecTile + 4],
+                                                    uint8_t* out_t, int64_t r0, int64_t c0,
+                                                    int64_t rows, int64_t cols) {
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t r = r0 + 4 * tx;
+  for (int i = ty; i < kVecTile; i += kVecThreads) {
+    const int64_t cc = c0 + i;
+    if (cc < cols && r < rows) {
+      const uint32_t packed = tile[4 * tx][i] | static_cast<uint32_t>(tile[4 * tx + 1][i]) << 8 |
+                              static_cast<uint32_t>(tile[4 * tx + 2][i]) << 16 |
+                              static_cast<uint32_t>(tile[4 * tx + 3][i]) << 24;
+      *reinterpret_cast<uint32_t*>(out_t + cc * rows + r) = packed;
+    }
+  }
+}
+
 template <typename Source>
 __global__ void CastToFp8Vec4Kernel(uint8_t* out, uint8_t* out_t, float* amax, Source src,
                                     int64_t rows, int64_t cols, const float* scale_p, Fp8Format f,
@@ -222,16 +240,7 @@ __global__ void CastToFp8Vec4Kernel(uint8_t* out, uint8_t* out_t, float* amax, S
   }
   if (out_t == nullptr) return;
   __syncthreads();
-  const int64_t r = r0 + 4 * tx;
-  for (int i = ty; i < kVecTile; i += kVecThreads) {
-    const int64_t cc = c0 + i;
-    if (cc < cols && r < rows) {
-      const uint32_t packed = tile[4 * tx][i] | static_cast<uint32_t>(tile[4 * tx + 1][i]) << 8 |
-                              static_cast<uint32_t>(tile[4 * tx + 2][i]) << 16 |
-                              static_cast<uint32_t>(tile[4 * tx + 3][i]) << 24;
-      *reinterpret_cast<uint32_t*>(out_t + cc * rows + r) = packed;
-    }
-  }
+  StoreTileTransposed(tile, out_t, r0, c0, rows, cols);
 }
 
 // CastToFp8Vec4Kernel's tiles and transposed stores, of bytes already cast.
@@ -250,16 +259,7 @@ __global__ void TransposeFp8Kernel(uint8_t* out_t, const uint8_t* q, int64_t row
     }
   }
   __syncthreads();
-  const int64_t r = r0 + 4 * tx;
-  for (int i = ty; i < kVecTile; i += kVecThreads) {
-    const int64_t cc = c0 + i;
-    if (cc < cols && r < rows) {
-      const uint32_t packed = tile[4 * tx][i] | static_cast<uint32_t>(tile[4 * tx + 1][i]) << 8 |
-                              static_cast<uint32_t>(tile[4 * tx + 2][i]) << 16 |
-                              static_cast<uint32_t>(tile[4 * tx + 3][i]) << 24;
-      *reinterpret_cast<uint32_t*>(out_t + cc * rows + r) = packed;
-    }
-  }
+  StoreTileTransposed(tile, out_t, r0, c0, rows, cols);
 }
 
 // dbias[c] += Σ_b partials[b · cols + c], b in order.
