@@ -19,7 +19,7 @@ const char* Fp8OpName(const char* op) {
   return it->second.c_str();
 }
 
-void ColumnParallelLinear::ForwardFp8(const char* op, bf16* in, bf16* pre, bf16* out, bool gather,
+void ColumnParallelLinear::ForwardFp8(const char* op, bf16* in, bf16* out, bool gather,
                                       uint8_t* keep_t) const {
   TensorParallel& tp = *ctx_.tp;
   OpProfile& prof = *ctx_.prof;
@@ -33,11 +33,13 @@ void ColumnParallelLinear::ForwardFp8(const char* op, bf16* in, bf16* pre, bf16*
   f.PrepareWeight(fp8_, w_, n_, k_);
   f.CastInput(fp8_, Fp8Source{in}, rows, k_, keep_t);
   prof.Begin(Fp8OpName(op));
-  f.Forward(fp8_, pre, b_, 0, rows, k_, n_);
-  if (out != nullptr) {
-    prof.Begin("gelu");
-    GeluForward<bf16>(out, pre, static_cast<size_t>(rows * n_), /*tanh_approx=*/true, MainStream());
-  }
+  f.Forward(fp8_, out, b_, 0, rows, k_, n_);
+}
+
+// FP8 MLPs cast fc2's input from fc1's output (MlpBlock): no GELU epilogue.
+static void NoFp8Gelu() {
+  Die("tp_linear", "FP8 layers take the activation in fc2's cast (Fp8Source), not an epilogue",
+      __FILE__, __LINE__);
 }
 
 void ColumnParallelLinear::ForwardCast(const char* op, bf16* out, uint8_t* keep_t) const {
@@ -64,21 +66,21 @@ void WeightGrad(const LinearContext& ctx, float* dw, float* db, const bf16* dout
 }
 
 void ColumnParallelLinear::Forward(const char* op, bf16* in, bf16* out, uint8_t* keep_t) const {
-  if (fp8_.linear >= 0) return ForwardFp8(op, in, out, nullptr, /*gather=*/true, keep_t);
+  if (fp8_.linear >= 0) return ForwardFp8(op, in, out, /*gather=*/true, keep_t);
   ctx_.tp->GatherRun(in, op, [&](int64_t r0, int64_t rows) {
     ctx_.mm->Forward(out + r0 * n_, in + r0 * k_, w_, b_, rows, k_, n_);
   });
 }
 
 void ColumnParallelLinear::ForwardGelu(const char* op, bf16* in, bf16* pre, bf16* out) const {
-  if (fp8_.linear >= 0) return ForwardFp8(op, in, pre, out, /*gather=*/true);
+  if (fp8_.linear >= 0) return NoFp8Gelu();
   ctx_.tp->GatherRun(in, op, [&](int64_t r0, int64_t rows) {
     ctx_.mm->ForwardGelu(out + r0 * n_, pre + r0 * n_, in + r0 * k_, w_, b_, rows, k_, n_);
   });
 }
 
 void ColumnParallelLinear::ForwardAgain(const char* op, const bf16* in, bf16* out) const {
-  if (fp8_.linear >= 0) return ForwardFp8(op, const_cast<bf16*>(in), out, nullptr, false);
+  if (fp8_.linear >= 0) return ForwardFp8(op, const_cast<bf16*>(in), out, false);
   ctx_.tp->RunBlocks(op, [&](int64_t r0, int64_t rows) {
     ctx_.mm->Forward(out + r0 * n_, in + r0 * k_, w_, b_, rows, k_, n_);
   });
@@ -86,7 +88,7 @@ void ColumnParallelLinear::ForwardAgain(const char* op, const bf16* in, bf16* ou
 
 void ColumnParallelLinear::ForwardGeluAgain(const char* op, const bf16* in, bf16* pre,
                                             bf16* out) const {
-  if (fp8_.linear >= 0) return ForwardFp8(op, const_cast<bf16*>(in), pre, out, false);
+  if (fp8_.linear >= 0) return NoFp8Gelu();
   ctx_.tp->RunBlocks(op, [&](int64_t r0, int64_t rows) {
     ctx_.mm->ForwardGelu(out + r0 * n_, pre + r0 * n_, in + r0 * k_, w_, b_, rows, k_, n_);
   });
@@ -214,11 +216,11 @@ void RowParallelLinear::Backward(const char* op, bf16* dout, const Fp8Source& in
                                  const uint8_t* in_t) const {
   if (fp8_.linear < 0)
     Die("RowParallelLinear", "an FP8 source for a bf16 layer", __FILE__, __LINE__);
-  BackwardFp8(op, dout, in, in_t, din, nullptr);
+  BackwardFp8(op, dout, in, in_t, din);
 }
 
 void RowParallelLinear::BackwardFp8(const char* op, bf16* dout, const Fp8Source& in,
-                                    const uint8_t* in_t, bf16* din, const bf16* gelu_pre) const {
+                                    const uint8_t* in_t, bf16* din) const {
   TensorParallel& tp = *ctx_.tp;
   const RowGeometry& g = tp.rows();
   OpProfile& prof = *ctx_.prof;
@@ -239,16 +241,14 @@ void RowParallelLinear::BackwardFp8(const char* op, bf16* dout, const Fp8Source&
   prof.Begin(Fp8OpName(op));
   f.BackwardWeight(fp8_, dw_, g.rows, k_, n_, in_t);
   f.BackwardData(fp8_, din, 0, g.rows, k_, n_);
-  if (gelu_pre != nullptr) {
-    prof.Begin("gelu");
-    GeluBackward<bf16>(din, din, gelu_pre, static_cast<size_t>(g.rows * k_), /*tanh_approx=*/true,
-                       MainStream());
-  }
 }
 
 void RowParallelLinear::Backward(const char* op, bf16* dout, const bf16* in, bf16* din,
                                  const bf16* gelu_pre, const uint8_t* in_t) const {
-  if (fp8_.linear >= 0) return BackwardFp8(op, dout, Fp8Source{in}, in_t, din, gelu_pre);
+  if (fp8_.linear >= 0) {
+    if (gelu_pre != nullptr) NoFp8Gelu();
+    return BackwardFp8(op, dout, Fp8Source{in}, in_t, din);
+  }
   TensorParallel& tp = *ctx_.tp;
   const RowGeometry& g = tp.rows();
   auto dgrad = [&](int64_t r0, int64_t rows) {

@@ -91,9 +91,9 @@ class ColumnParallelLinear {
   // One of dout and dout_fp8 given.
   void BackwardImpl(const char* op, const bf16* dout, const Fp8Source* dout_fp8, const bf16* in,
                     const uint8_t* in_t, bf16* din) const;
-  // The FP8 forward: `in` gathered whole when `gather` (under SP), pre = in · Wᵀ + b, and with
-  // `out` tanh GELU of it.
-  void ForwardFp8(const char* op, bf16* in, bf16* pre, bf16* out, bool gather,
+  // The FP8 forward: `in` gathered whole when `gather` (under SP), out = in · Wᵀ + b. FP8 layers
+  // have no GELU epilogue (ForwardGelu dies): their MLP casts fc2's input from fc1's output.
+  void ForwardFp8(const char* op, bf16* in, bf16* out, bool gather,
                   uint8_t* keep_t = nullptr) const;
 
   const LinearContext& ctx_;
@@ -129,8 +129,8 @@ class RowParallelLinear {
   // One of in and in_fp8 given.
   RowParallelOutput ForwardImpl(const char* op, const bf16* in, const Fp8Source* in_fp8,
                                 uint8_t* keep_t) const;
-  void BackwardFp8(const char* op, bf16* dout, const Fp8Source& in, const uint8_t* in_t, bf16* din,
-                   const bf16* gelu_pre) const;
+  void BackwardFp8(const char* op, bf16* dout, const Fp8Source& in, const uint8_t* in_t,
+                   bf16* din) const;
 
   const LinearContext& ctx_;
   const RowParallelBuffers& out_;
