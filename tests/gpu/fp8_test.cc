@@ -197,6 +197,62 @@ TEST_F(Fp8Test, Bf16InputsAndAbsMax) {
     ASSERT_EQ(b[i], static_cast<float>(2.0 * RoundFp8(x[i], Fp8Format::kE4M3))) << i;
 }
 
+// AdamW writing the weight's FP8 copies in its pass: the fp32 weights, moments and bf16 copy bit
+// for bit the cpu backend's AdamW (core/adamw.h), each byte the rounding of the bf16 copy's value
+// times the scale, the transpose, and the amax of the bf16 copy's values; on the vector tiles,
+// their edges, and the two-pass fallback (columns not a multiple of 4; misaligned tensors).
+TEST_F(Fp8Test, AdamWStepWritesTheWeightsFp8Copies) {
+  struct Case {
+    int64_t rows, cols, skew;  // skew: elements the fp32 tensors start past 16-byte alignment
+  };
+  for (const Case cs : {Case{128, 192, 0}, Case{68, 100, 0}, Case{36, 30, 0}, Case{64, 64, 1}}) {
+    SCOPED_TRACE(testing::Message() << cs.rows << " x " << cs.cols << " skew " << cs.skew);
+    const int64_t n = cs.rows * cs.cols;
+    auto p = Rand(n, 220, 2.0f), g = Rand(n, 221, 0.1f), m = Rand(n, 222, 0.01f),
+         v = Rand(n, 223, 1e-3f);
+    for (float& x : v) x = std::abs(x);
+    p[7] = 600.0f;  // past E4M3's largest finite value at scale 1
+    auto skewed = [&](const std::vector<float>& x) {
+      std::vector<float> out(cs.skew, 0.0f);
+      out.insert(out.end(), x.begin(), x.end());
+      return out;
+    };
+    Dev<float> dp(skewed(p)), dg(skewed(g)), dm(skewed(m)), dv(skewed(v));
+    Dev<bf16> low(n);
+    Dev<uint8_t> q(n), qt(n);
+    const float scale = 0.75f;
+    Dev<float> dscale(std::vector<float>{scale}), amax(std::vector<float>{0.0f});
+    const AdamWConstants c = MakeAdamWConstants(1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f);
+    AdamWToFp8(dp.get() + cs.skew, dg.get() + cs.skew, dm.get() + cs.skew, dv.get() + cs.skew, c,
+               low.get(), cs.rows, cs.cols, q.get(), qt.get(), amax.get(), dscale.get(),
+               Fp8Format::kE4M3, MainStream());
+    std::vector<uint16_t> want_low(n);
+    cpu_->AdamWStep(p.data(), g.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 5,
+                    0.5f, want_low.data());
+    EXPECT_EQ(dp.Download(), skewed(p));
+    EXPECT_EQ(dm.Download(), skewed(m));
+    EXPECT_EQ(dv.Download(), skewed(v));
+    const auto got_low = low.Download();
+    const auto got = q.Download(), got_t = qt.Download();
+    float want_amax = 0.0f;
+    for (int64_t r = 0; r < cs.rows; ++r) {
+      for (int64_t col = 0; col < cs.cols; ++col) {
+        const int64_t i = r * cs.cols + col;
+        uint16_t bits;
+        std::memcpy(&bits, &got_low[i], sizeof(bits));
+        ASSERT_EQ(bits, want_low[i]) << r << "," << col;
+        const float w = static_cast<float>(got_low[i]);
+        want_amax = std::max(want_amax, std::fabs(w));
+        ASSERT_TRUE(
+            SameValue(Decode(got[i], Fp8Format::kE4M3), RoundFp8(w * scale, Fp8Format::kE4M3)))
+            << r << "," << col << ": " << w;
+        ASSERT_EQ(got_t[col * cs.rows + r], got[i]) << r << "," << col;
+      }
+    }
+    EXPECT_EQ(amax.Download()[0], want_amax);
+  }
+}
+
 // The MLP's activations and their gradients (float64, from the activation's definition).
 double GeluRef(double x, bool tanh_approx) {
   if (tanh_approx)
@@ -322,7 +378,7 @@ TEST_F(Fp8Test, ActivationSourcesCastAndSumColumns) {
 // vectorised and the looping paths. Then TransposeFp8 of those bytes.
 TEST_F(Fp8Test, NormsWriteTheCastOfTheirOutput) {
   for (const bool rms : {false, true}) {
-    for (const auto [rows, cols] :
+    for (const auto& [rows, cols] :
          {std::pair<int64_t, int64_t>{1000, 1280}, {36, 132}, {16, 6144}}) {
       SCOPED_TRACE(testing::Message() << (rms ? "rms " : "ln ") << rows << "x" << cols);
       const auto res = RoundT<bf16>(Rand(rows * cols, 190, 2.0f, 0.3f));

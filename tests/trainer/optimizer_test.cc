@@ -1,6 +1,7 @@
 // AdamW over the flat buffers: skipped steps on non-finite gradients, Megatron's norm and weight
 // decay, the distributed optimizer's parts against one optimizer (two in-process Gloo ranks), with
-// the fp32 weights whole and sharded, and the step offloaded to the host against the backend's.
+// the fp32 weights whole and sharded, the step offloaded to the host against the backend's, and
+// the weights a model's StepCopies update (the FP8 copies' path) against the plain step.
 #include "trainer/core/optimizer.h"
 
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "libckpt/dtype.h"
 #include "libckpt/layout.h"
+#include "trainer/core/adamw.h"
 #include "trainer/core/params.h"
 #include "trainer/dist/comm_gloo.h"
 
@@ -61,6 +63,105 @@ TEST(OptimizerTest, NonFiniteGradientsSkipTheStepAndNormsAndDecayAreMegatrons) {
   EXPECT_FLOAT_EQ(params.data()[fc1->offset], before[fc1->offset] * (1.0f - 1e-2f * 0.1f));
   // Clipped gradients (norm 5 → 1) move the first element by lr · sign (Adam's first step).
   EXPECT_NEAR(params.data()[emb->offset], before[emb->offset] * (1.0f - 1e-3f) - 1e-2f, 1e-6);
+}
+
+// A model's copies of its linear layers' weights (as the bf16 model's FP8 copies): Update steps
+// the weight with adamw.h's update (this file is built without contracted multiply-adds, as the
+// cpu backend is), rounds it into the bf16 copy and keeps its own copy of the new values.
+class RecordingCopies : public StepCopies {
+ public:
+  explicit RecordingCopies(ParamStore* params) : params_(params) {
+    for (const ParamView& v : params->views()) {
+      const std::string& name = v.name;
+      if (name.find("linear_") != std::string::npos && name.ends_with(".weight")) {
+        weights_.push_back({v.offset, v.numel});
+      }
+    }
+    copies_.resize(weights_.size());
+  }
+  std::vector<std::pair<size_t, size_t>> CopiedWeights() const override { return weights_; }
+  void WeightsWillStep() override {
+    ++announced;
+    // Before the first change: every copy still holds the weights it was last written with.
+    for (size_t i = 0; i < weights_.size(); ++i) {
+      if (!copies_[i].empty()) {
+        EXPECT_EQ(copies_[i][0], *params_->Master(weights_[i].first));
+      }
+    }
+  }
+  void Update(size_t i, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+              const AdamWConstants& c, uint16_t* bf16_out) override {
+    const auto [offset, numel] = weights_[i];
+    EXPECT_EQ(param, params_->Master(offset));
+    EXPECT_EQ(grad, params_->grad() + offset);
+    EXPECT_EQ(bf16_out, params_->bf16_copy() + offset);
+    copies_[i].resize(numel);
+    for (size_t j = 0; j < numel; ++j) {
+      AdamWElement(c, grad[j], &param[j], &exp_avg[j], &exp_avg_sq[j]);
+      bf16_out[j] = ckpt::FloatToBFloat16(param[j]);
+      copies_[i][j] = param[j];
+    }
+    ++updates;
+  }
+  const std::vector<float>& copy(size_t i) const { return copies_[i]; }
+  int announced = 0, updates = 0;
+
+ private:
+  ParamStore* params_;
+  std::vector<std::pair<size_t, size_t>> weights_;
+  std::vector<std::vector<float>> copies_;
+};
+
+// The weights a StepCopies updates give the plain step's weights, moments and bf16 copy bit for
+// bit; it hears of every step that changes the weights (not of skipped ones) before any change.
+TEST(OptimizerTest, StepCopiesUpdateTheirWeightsAsThePlainStep) {
+  const ckpt::ModelConfig config = TinyConfig(false);
+  auto layout = ckpt::ModelLayout::Create(config, {1, 1, 1});
+  ASSERT_TRUE(layout.ok());
+  auto ops = *CreateOps("cpu");
+  ProcessGroups groups = SingleProcessGroups();
+  OptimizerOptions oo;
+  oo.weight_decay = 0.1f;
+  ParamStore ref_params(ops.get(), *layout, 0, 0, false), params(ops.get(), *layout, 0, 0, false);
+  ref_params.Initialize(7, 0.02);
+  params.Initialize(7, 0.02);
+  std::vector<uint16_t> ref_low(params.size()), low(params.size());
+  ref_params.set_bf16_copy(ref_low.data());
+  params.set_bf16_copy(low.data());
+  Optimizer ref(ops.get(), &ref_params, &groups, oo), opt(ops.get(), &params, &groups, oo);
+  RecordingCopies copies(&params);
+  opt.AddStepCopies(&copies);
+  const size_t weights = copies.CopiedWeights().size();
+  ASSERT_EQ(weights, 4u * static_cast<size_t>(config.num_layers));
+  for (int step = 0; step < 3; ++step) {
+    for (ParamStore* p : {&ref_params, &params}) {
+      for (size_t i = 0; i < p->size(); ++i)
+        p->grad()[i] = static_cast<float>(std::cos(0.11 * static_cast<double>(i) + step)) * 0.02f;
+    }
+    if (step == 1) params.grad()[3] = ref_params.grad()[3] = NAN;  // skipped
+    const StepResult a = ref.Step(1e-2f), b = opt.Step(1e-2f);
+    ASSERT_EQ(a.skipped, b.skipped);
+    ASSERT_EQ(b.skipped, step == 1);
+    if (!b.skipped) {
+      EXPECT_EQ(a.grad_norm, b.grad_norm);
+    }
+  }
+  EXPECT_EQ(copies.announced, 2);
+  EXPECT_EQ(copies.updates, 2 * static_cast<int>(weights));
+  for (size_t i = 0; i < params.size(); ++i) {
+    ASSERT_EQ(params.data()[i], ref_params.data()[i]) << i;
+    ASSERT_EQ(low[i], ref_low[i]) << i;
+  }
+  for (size_t w = 0; w < weights; ++w) {
+    const auto [offset, numel] = copies.CopiedWeights()[w];
+    ASSERT_EQ(copies.copy(w),
+              std::vector<float>(params.data() + offset, params.data() + offset + numel));
+  }
+  std::vector<float> m, v, ref_m, ref_v;
+  opt.GatherState(&m, &v);
+  ref.GatherState(&ref_m, &ref_v);
+  EXPECT_EQ(m, ref_m);
+  EXPECT_EQ(v, ref_v);
 }
 
 // Rank `rank` of two in-process Gloo ranks forming one data-parallel group (rendezvous in `dir`).

@@ -182,6 +182,9 @@ absl::StatusOr<TrainingModel> BuildTrainingModel(const TrainArgs& args, ProcessG
   oo.cpu_offload = args.optimizer_cpu_offload;
   oo.host_threads = std::max(1, UsableCores() / std::max(1, local_ranks));
   m.optimizer = std::make_unique<Optimizer>(m.ops.get(), m.params.get(), &g, oo);
+  for (StageModel* chunk : m.chunks) {
+    if (StepCopies* copies = chunk->step_copies()) m.optimizer->AddStepCopies(copies);
+  }
   return m;
 }
 

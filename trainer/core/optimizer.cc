@@ -152,6 +152,7 @@ StepResult Optimizer::Step(float lr) {
     if (coeff < 1.0) grad_scale *= static_cast<float>(coeff);
   }
   ++step_;
+  for (StepCopies* c : step_copies_) c->WeightsWillStep();
   if (host_ != nullptr) {
     host_->Step(adam_ranges_,
                 MakeAdamWConstants(lr, opt_.beta1, opt_.beta2, opt_.eps, opt_.weight_decay, step_,
@@ -162,10 +163,29 @@ StepResult Optimizer::Step(float lr) {
   }
   uint16_t* low = params_->bf16_copy();
   for (const AdamRange& r : adam_ranges_) {
-    ops_->AdamWStep(params_->Master(r.begin), grad + r.begin, exp_avg_ + r.state,
-                    exp_avg_sq_ + r.state, r.end - r.begin, lr, opt_.beta1, opt_.beta2, opt_.eps,
-                    r.decay ? opt_.weight_decay : 0.0f, step_, grad_scale,
-                    low != nullptr ? low + r.begin : nullptr);
+    const float decay = r.decay ? opt_.weight_decay : 0.0f;
+    // [at, e) of the range by the plain update; the copied weights inside it by their copies.
+    size_t at = r.begin;
+    auto plain = [&](size_t e) {
+      if (at < e)
+        ops_->AdamWStep(params_->Master(at), grad + at, exp_avg_ + r.state + (at - r.begin),
+                        exp_avg_sq_ + r.state + (at - r.begin), e - at, lr, opt_.beta1, opt_.beta2,
+                        opt_.eps, decay, step_, grad_scale, low != nullptr ? low + at : nullptr);
+      at = e;
+    };
+    auto it = std::lower_bound(copied_.begin(), copied_.end(), r.begin,
+                               [](const Copied& c, size_t b) { return c.begin < b; });
+    for (; it != copied_.end() && it->end <= r.end; ++it) {
+      plain(it->begin);
+      const size_t state = r.state + (it->begin - r.begin);
+      it->copies->Update(
+          it->index, params_->Master(it->begin), grad + it->begin, exp_avg_ + state,
+          exp_avg_sq_ + state,
+          MakeAdamWConstants(lr, opt_.beta1, opt_.beta2, opt_.eps, decay, step_, grad_scale),
+          low + it->begin);
+      at = it->end;
+    }
+    plain(r.end);
   }
   params_->WeightsStepped();
   if (sharded()) {
@@ -179,6 +199,22 @@ StepResult Optimizer::Step(float lr) {
     }
   }
   return result;
+}
+
+void Optimizer::AddStepCopies(StepCopies* copies) {
+  step_copies_.push_back(copies);
+  // The offloaded step writes the bf16 copy from the host; the model casts its copies itself.
+  if (host_ != nullptr || params_->bf16_copy() == nullptr) return;
+  const std::vector<std::pair<size_t, size_t>> weights = copies->CopiedWeights();
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const auto [offset, numel] = weights[i];
+    const size_t end = offset + numel;
+    for (const AdamRange& r : adam_ranges_) {
+      if (r.begin <= offset && end <= r.end) copied_.push_back({offset, end, copies, i});
+    }
+  }
+  std::sort(copied_.begin(), copied_.end(),
+            [](const Copied& a, const Copied& b) { return a.begin < b.begin; });
 }
 
 void Optimizer::BroadcastParts() {

@@ -20,6 +20,7 @@
 
 #include "trainer/core/host_adamw.h"
 #include "trainer/core/params.h"
+#include "trainer/core/step_copies.h"
 #include "trainer/dist/process_groups.h"
 #include "trainer/reference/ops.h"
 
@@ -62,6 +63,9 @@ class Optimizer {
   void ZeroGrad();
   void FinalizeGrads();
   StepResult Step(float lr);
+  // A model's copies of weights that the step writes as it updates them (step_copies.h), told of
+  // every step that changes the weights.
+  void AddStepCopies(StepCopies* copies);
 
   int64_t step() const { return step_; }
   size_t state_elements() const { return state_elements_; }  // per Adam moment, on this rank
@@ -112,6 +116,14 @@ class Optimizer {
   std::unique_ptr<HostAdamW> host_;
   std::vector<std::pair<size_t, size_t>> norm_ranges_;  // counted in the gradient norm
   std::vector<AdamRange> adam_ranges_;                  // the owned ranges, by weight decay
+  // Weights inside one adam range whose update a StepCopies writes, sorted by `begin`.
+  struct Copied {
+    size_t begin, end;
+    StepCopies* copies;
+    size_t index;  // in copies->CopiedWeights()
+  };
+  std::vector<StepCopies*> step_copies_;
+  std::vector<Copied> copied_;
   bool params_partial_ = false;  // only the owned parts are current (the model gathers)
   int64_t step_ = 0;
 };

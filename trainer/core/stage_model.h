@@ -10,6 +10,7 @@
 
 #include "trainer/core/context_parallel.h"
 #include "trainer/core/model_events.h"
+#include "trainer/core/step_copies.h"
 
 namespace leantron::trainer {
 
@@ -86,6 +87,8 @@ class StageModel {
   // gradient into.
   virtual float* input_buffer() = 0;
   virtual float* grad_buffer() = 0;
+  // Weight copies of this model's that the optimizer's step writes (step_copies.h); null: none.
+  virtual StepCopies* step_copies() { return nullptr; }
   // Components that follow this model's progress (ModelEvents), called in the order added.
   void AddListener(ModelEvents* listener) { listeners_.push_back(listener); }
   // Activation recomputation so far, for the report: layer forwards run again during backwards

@@ -89,22 +89,47 @@ Fp8Products::Fp8Products(Fp8Scaling* scaling, int64_t rows, int64_t widest_in, i
   bias_workspace_ = memory->Alloc<float>(Fp8BiasWorkspace(rows, widest_out));
 }
 
-Fp8Weight Fp8Products::NewWeight(int64_t n, int64_t k) {
+Fp8Weight Fp8Products::NewWeight(const bf16* w16, int64_t n, int64_t k) {
   DeviceMemory* memory = memory_;
   Fp8Weight w;
   w.linear = scaling_->AddLinear();
   w.w = memory->Alloc<uint8_t>(n * k);
   w.w_t = memory->Alloc<uint8_t>(n * k);
   w.scale_inv = memory->Alloc<float>(1);
+  if (static_cast<size_t>(w.linear) != weights_.size())
+    Die("Fp8Products", "the weights of one scaling state come from one Fp8Products", __FILE__,
+        __LINE__);
+  weights_.push_back({w, w16, n, k});
+  cast_epoch_.push_back(~uint64_t{0});
   return w;
 }
 
-void Fp8Products::PrepareWeight(const Fp8Weight& w, const bf16* w16, int64_t n, int64_t k) {
-  if (w.epoch == scaling_->epoch()) return;
-  w.epoch = scaling_->epoch();
-  scaling_->Cast<bf16>(w.linear, Fp8Scaling::kWeight, w16, n, k, w.w, w.w_t, /*record=*/true);
+void Fp8Products::PrepareWeight(const Fp8Weight& w) {
+  const WeightCopy& c = weights_[w.linear];
+  if (cast_epoch_[w.linear] == scaling_->epoch()) return;
+  cast_epoch_[w.linear] = scaling_->epoch();
+  scaling_->Cast<bf16>(w.linear, Fp8Scaling::kWeight, c.w16, c.n, c.k, w.w, w.w_t,
+                       /*record=*/true);
   LT_CUDA_CHECK(cudaMemcpyAsync(w.scale_inv, scaling_->scale_inv(w.linear, Fp8Scaling::kWeight),
                                 sizeof(float), cudaMemcpyDeviceToDevice, MainStream()));
+}
+
+void Fp8Products::StepWeight(size_t i, float* param, const float* grad, float* exp_avg,
+                             float* exp_avg_sq, const AdamWConstants& c, bf16* w16) {
+  if (!scaling_->options().delayed)
+    Die("Fp8Products::StepWeight", "the step casts with delayed scales only", __FILE__, __LINE__);
+  const WeightCopy& wc = weights_[i];
+  const Fp8Weight& w = wc.fp8;
+  if (w16 != wc.w16)
+    Die("Fp8Products::StepWeight", "the bf16 copy is not the one the layer reads", __FILE__,
+        __LINE__);
+  AdamWToFp8(param, grad, exp_avg, exp_avg_sq, c, w16, wc.n, wc.k, w.w, w.w_t,
+             scaling_->history(w.linear, Fp8Scaling::kWeight),
+             scaling_->scale(w.linear, Fp8Scaling::kWeight), scaling_->format(Fp8Scaling::kWeight),
+             MainStream());
+  LT_CUDA_CHECK(cudaMemcpyAsync(w.scale_inv, scaling_->scale_inv(w.linear, Fp8Scaling::kWeight),
+                                sizeof(float), cudaMemcpyDeviceToDevice, MainStream()));
+  cast_epoch_[i] = scaling_->epoch();
 }
 
 void Fp8Products::CastInput(const Fp8Weight& w, const Fp8Source& in, int64_t rows, int64_t k,

@@ -58,10 +58,13 @@ class Fp8Scaling {
   // `dbias` += their column sums when given (`workspace`: Fp8BiasWorkspace(rows, cols) floats).
   void Cast(int linear, Kind k, const Fp8Source& src, int64_t rows, int64_t cols, uint8_t* out,
             uint8_t* out_t, bool record, float* dbias = nullptr, float* workspace = nullptr) const;
-  // After the weights changed (an optimizer step, a load): delayed scaling reduces the histories
-  // over `amax_group` (null: none), rolls them and recomputes the scales. The weights' FP8 copies
-  // are cast again at their next use.
+  // For new weights (before the optimizer step that makes them, or after initialisation or a
+  // load): delayed scaling reduces the histories over `amax_group` (null: none), rolls them and
+  // recomputes the scales. The weights' FP8 copies are cast again at their next use (unless the
+  // step writes them: Fp8Products::StepWeight).
   void NewWeights(NcclCommunicator* amax_group);
+  // The weights' FP8 copies are cast again at their next use (their bf16 copy was rewritten).
+  void CopiesStale() { ++epoch_; }
   // Delayed scaling: the histories max-reduced over `amax_group` (idempotent until new amaxes are
   // recorded).
   void ReduceHistories(NcclCommunicator* amax_group);
@@ -90,7 +93,6 @@ struct Fp8Weight {
   int linear = -1;
   uint8_t *w = nullptr, *w_t = nullptr;
   float* scale_inv = nullptr;
-  mutable uint64_t epoch = ~uint64_t{0};
 };
 
 // The FP8 products of one model chunk, with scratch sized for its widest layer.
@@ -99,13 +101,26 @@ class Fp8Products {
   Fp8Products(Fp8Scaling* scaling, int64_t rows, int64_t widest_in, int64_t widest_out,
               DeviceMemory* memory);
   Fp8Scaling& scaling() { return *scaling_; }
-  // A linear layer's FP8 weight [n, k], allocated where the scratch is.
-  Fp8Weight NewWeight(int64_t n, int64_t k);
+  // The FP8 copy [n, k] of a linear layer's bf16 weight w16, allocated where the scratch is.
+  Fp8Weight NewWeight(const bf16* w16, int64_t n, int64_t k);
   // Whether forwards record their inputs' amaxes (training micro-batches; evaluations do not).
   void set_record(bool record) { record_ = record; }
 
-  // Casts W (bf16 [n, k]) when the weights changed since its last cast.
-  void PrepareWeight(const Fp8Weight& w, const bf16* w16, int64_t n, int64_t k);
+  // Casts W (NewWeight's w16) when the weights changed since its last cast (Fp8Scaling's epoch).
+  void PrepareWeight(const Fp8Weight& w);
+  // The weights NewWeight made, in the order made: where each one's bf16 copy is, and its shape.
+  struct WeightCopy {
+    Fp8Weight fp8;
+    const bf16* w16;
+    int64_t n, k;
+  };
+  const std::vector<WeightCopy>& weights() const { return weights_; }
+  // Delayed scaling, after the scales moved on for the new weights (Fp8Scaling::NewWeights):
+  // AdamW of weights()[i] from its fp32 values, gradient and moments, writing its bf16 copy w16
+  // (weights()[i].w16) and, in the same pass, its FP8 copy in both layouts as PrepareWeight would
+  // cast it (the same bytes and amax), so that PrepareWeight then has nothing to do.
+  void StepWeight(size_t i, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                  const AdamWConstants& c, bf16* w16);
   // A kept transpose (CastInput's keep_t): the bytes [k, rows], then 16 bytes holding the inverse
   // scale they were cast with. Tensorwise scaling moves a layer's input scale at every cast, and
   // under pipeline parallelism later micro-batches' forwards run before this one's backward.
@@ -143,6 +158,8 @@ class Fp8Products {
   uint8_t *in_, *in_t_, *grad_, *grad_t_;
   float* bias_workspace_;  // CastGrad's column sums
   bool record_ = true;
+  std::vector<WeightCopy> weights_;
+  std::vector<uint64_t> cast_epoch_;  // per weight, the scaling epoch its FP8 copy is of
 };
 
 }  // namespace leantron::trainer::cuda

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "trainer/core/adamw.h"
 #include "trainer/cuda/cuda_util.h"
 
 namespace leantron::trainer::cuda {
@@ -48,6 +49,15 @@ void CastSourceToFp8(uint8_t* out, uint8_t* out_t, float* amax, const Fp8Source&
                      int64_t cols, const float* scale, Fp8Format format, float* dbias,
                      float* workspace, cudaStream_t s);
 int64_t Fp8BiasWorkspace(int64_t rows, int64_t cols);
+
+// AdamW (core/adamw.h's update, bit for bit the AdamW kernel's) of a weight W [rows, cols] whose
+// fp32 values, gradient and moments are contiguous, writing its bf16 copy `w16` and that copy cast
+// with `scale` (CastToFp8's bytes of w16) into `out` and its transpose `out_t`, with amax =
+// max(amax, max |w16|) when amax is given: one pass where the vector kernel runs (rows and cols
+// multiples of 4, the float tensors 16-byte aligned), else AdamW then CastToFp8.
+void AdamWToFp8(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                const AdamWConstants& c, bf16* w16, int64_t rows, int64_t cols, uint8_t* out,
+                uint8_t* out_t, float* amax, const float* scale, Fp8Format format, cudaStream_t s);
 
 // Where a producing kernel (a norm, kernels.h) writes its output cast to FP8 as it computes it:
 // q = fp8(scale · y) [rows, cols], y rounded to the type it would have been stored in (so the

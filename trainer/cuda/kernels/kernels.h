@@ -145,6 +145,8 @@ void CrossEntropyShardFinish(float* losses, T* logits, const int32_t* targets,
 void AdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n, float lr,
            float beta1, float beta2, float eps, float weight_decay, int64_t step, float grad_scale,
            bf16* bf16_out, cudaStream_t s);
+void AdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n,
+           const AdamWConstants& c, bf16* bf16_out, cudaStream_t s);
 
 // Σ x² accumulated in double (deterministic), returned on the host (synchronises s); NaN/Inf
 // propagate.

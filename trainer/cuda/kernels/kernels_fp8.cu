@@ -3,7 +3,9 @@
 
 #include <algorithm>
 
+#include "trainer/core/adamw.h"
 #include "trainer/cuda/kernels/fp8.h"
+#include "trainer/cuda/kernels/kernels.h"
 #include "trainer/cuda/kernels/kernels_common.cuh"
 
 namespace leantron::trainer::cuda {
@@ -170,6 +172,38 @@ struct SwigluGradSource {  // [d gate | d up] [rows, 2w] from dact [rows, w], x 
 #pragma unroll
       for (int j = 0; j < 4; ++j) v[j] = dy[j] * gate[j] * SigmoidApprox(gate[j]);
     }
+  }
+};
+
+// AdamW's update of a weight W [rows, cols] (core/adamw.h's element update): the fp32 weight and
+// moments written back, the bf16 copy beside, and the copy's value cast. Each element is loaded
+// once (the tile kernel visits it once). float4 loads and stores: 16-byte aligned, cols % 4 == 0.
+struct AdamWSource {
+  float *param, *exp_avg, *exp_avg_sq;
+  const float* grad;
+  bf16* w16;
+  int64_t cols;
+  AdamWConstants c;
+  __device__ void Load(int64_t r, int64_t col, float v[4]) const {
+    const int64_t i = r * cols + col;
+    float g[4], m[4], s[4];
+    Load4(param + i, v);
+    Load4(grad + i, g);
+    Load4(exp_avg + i, m);
+    Load4(exp_avg_sq + i, s);
+    __nv_bfloat162 low[2];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) AdamWElement(c, g[j], &v[j], &m[j], &s[j]);
+    *reinterpret_cast<float4*>(param + i) = make_float4(v[0], v[1], v[2], v[3]);
+    *reinterpret_cast<float4*>(exp_avg + i) = make_float4(m[0], m[1], m[2], m[3]);
+    *reinterpret_cast<float4*>(exp_avg_sq + i) = make_float4(s[0], s[1], s[2], s[3]);
+    low[0] = __floats2bfloat162_rn(v[0], v[1]);
+    low[1] = __floats2bfloat162_rn(v[2], v[3]);
+    *reinterpret_cast<uint2*>(w16 + i) = *reinterpret_cast<const uint2*>(low);
+    v[0] = __low2float(low[0]);  // the cast reads the copy's value
+    v[1] = __high2float(low[0]);
+    v[2] = __low2float(low[1]);
+    v[3] = __high2float(low[1]);
   }
 };
 
@@ -403,6 +437,26 @@ void CastSourceToFp8(uint8_t* out, uint8_t* out_t, float* amax, const Fp8Source&
         dbias, partials, CeilDiv(rows, int64_t{kVecTile}), cols);
     LT_CUDA_LAUNCH_CHECK();
   }
+}
+
+void AdamWToFp8(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                const AdamWConstants& c, bf16* w16, int64_t rows, int64_t cols, uint8_t* out,
+                uint8_t* out_t, float* amax, const float* scale, Fp8Format format, cudaStream_t s) {
+  if (rows == 0 || cols == 0) return;
+  const bool vec = rows % 4 == 0 && cols % 4 == 0 && Aligned(param, 16) && Aligned(grad, 16) &&
+                   Aligned(exp_avg, 16) && Aligned(exp_avg_sq, 16) && Aligned(w16, 8) &&
+                   Aligned(out, 4) && Aligned(out_t, 4);
+  if (!vec) {  // the same values in two passes
+    AdamW(param, grad, exp_avg, exp_avg_sq, static_cast<size_t>(rows * cols), c, w16, s);
+    CastToFp8<bf16>(out, out_t, amax, w16, rows, cols, scale, format, s);
+    return;
+  }
+  const dim3 grid(static_cast<unsigned>(CeilDiv(cols, int64_t{kVecTile})),
+                  static_cast<unsigned>(CeilDiv(rows, int64_t{kVecTile})));
+  CastToFp8Vec4Kernel<<<grid, dim3(kVecThreads, kVecThreads), 0, s>>>(
+      out, out_t, amax, AdamWSource{param, exp_avg, exp_avg_sq, grad, w16, cols, c}, rows, cols,
+      scale, format, nullptr);
+  LT_CUDA_LAUNCH_CHECK();
 }
 
 template <typename T>

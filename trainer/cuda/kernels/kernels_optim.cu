@@ -58,8 +58,12 @@ size_t ReduceTempBytes(size_t n) {
 void AdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n, float lr,
            float beta1, float beta2, float eps, float weight_decay, int64_t step, float grad_scale,
            bf16* bf16_out, cudaStream_t s) {
-  const AdamWConstants c =
-      MakeAdamWConstants(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
+  AdamW(param, grad, exp_avg, exp_avg_sq, n,
+        MakeAdamWConstants(lr, beta1, beta2, eps, weight_decay, step, grad_scale), bf16_out, s);
+}
+
+void AdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n,
+           const AdamWConstants& c, bf16* bf16_out, cudaStream_t s) {
   const bool vec =
       Aligned16(param) && Aligned16(grad) && Aligned16(exp_avg) && Aligned16(exp_avg_sq);
   if (bf16_out != nullptr) {

@@ -18,7 +18,7 @@
 namespace leantron::trainer::cuda {
 namespace {
 
-class Bf16Model final : public StageModel {
+class Bf16Model final : public StageModel, public StepCopies {
  public:
   Bf16Model(const ckpt::ModelLayout& layout, ParamStore* params, const Bf16Options& options,
             std::unique_ptr<CoreAttention> attention);
@@ -51,9 +51,28 @@ class Bf16Model final : public StageModel {
   bool ProductTimes(double* fp8_ms, double* fp8_cast_ms, double* bf16_ms) const override {
     return opt_.fp8.enabled && prof_.PrecisionAverages(fp8_ms, fp8_cast_ms, bf16_ms);
   }
+  // FP8 weights under delayed scaling: the step writes them (Fp8Products::StepWeight).
+  StepCopies* step_copies() override { return fp8_scaling_ ? this : nullptr; }
+  std::vector<std::pair<size_t, size_t>> CopiedWeights() const override {
+    std::vector<std::pair<size_t, size_t>> out;
+    if (!fp8_scaling_ || !opt_.fp8.delayed) return out;
+    for (const Fp8Products::WeightCopy& w : fp8_->weights())
+      out.push_back({static_cast<size_t>(w.w16 - w16_), static_cast<size_t>(w.n * w.k)});
+    return out;
+  }
+  // The scales move on for the weights the step makes (the amaxes of this step's casts are all
+  // recorded), so that the step can cast with them.
+  void WeightsWillStep() override {
+    fp8_scaling_->NewWeights(AsNccl(opt_.fp8_amax_group));
+    fp8_version_ = params_->weights_version() + 1;  // the optimizer's WeightsStepped follows
+  }
+  void Update(size_t i, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+              const AdamWConstants& c, uint16_t* bf16_out) override {
+    fp8_->StepWeight(i, param, grad, exp_avg, exp_avg_sq, c, reinterpret_cast<bf16*>(bf16_out));
+  }
   // The scaling state, and one float more: 1 when the scales have moved on for the current
-  // weights already (an evaluation after the step did it), so that a resumed run does not move
-  // them twice.
+  // weights already (the step that made them did it), so that a resumed run does not move them
+  // twice.
   std::vector<float> Fp8State() const override {
     if (!fp8_scaling_) return {};
     std::vector<float> state(fp8_scaling_->state_floats() + 1);
@@ -76,6 +95,7 @@ class Bf16Model final : public StageModel {
                                   cudaMemcpyHostToDevice, MainStream()));
     LT_CUDA_CHECK(cudaStreamSynchronize(MainStream()));
     if (state.back() == 1.0f) fp8_version_ = params_->weights_version();
+    fp8_scaling_->CopiesStale();  // the weights were loaded: cast them again
   }
 
  private:
@@ -385,8 +405,8 @@ void Bf16Model::BeginStep() {
       ConvertFromFloat<bf16>(w16_, params_->data(), params_->size(), MainStream());
     w16_version_ = params_->weights_version();
   }
-  // New weights: delayed scales move on once per version, and each FP8 weight is cast again at its
-  // next use.
+  // New weights the step did not announce (initialisation, loading): delayed scales move on once
+  // per version, and each FP8 weight is cast again at its next use.
   if (fp8_scaling_ && params_->weights_version() != fp8_version_) {
     fp8_scaling_->NewWeights(AsNccl(opt_.fp8_amax_group));
     fp8_version_ = params_->weights_version();

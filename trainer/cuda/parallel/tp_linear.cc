@@ -30,7 +30,7 @@ void ColumnParallelLinear::ForwardFp8(const char* op, bf16* in, bf16* out, bool 
   const int64_t rows = tp.rows().rows;
   Fp8Products& f = *ctx_.fp8;
   prof.Begin("fp8 cast");
-  f.PrepareWeight(fp8_, w_, n_, k_);
+  f.PrepareWeight(fp8_);
   f.CastInput(fp8_, Fp8Source{in}, rows, k_, keep_t);
   prof.Begin(Fp8OpName(op));
   f.Forward(fp8_, out, b_, 0, rows, k_, n_);
@@ -48,7 +48,7 @@ void ColumnParallelLinear::ForwardCast(const char* op, bf16* out, uint8_t* keep_
   const int64_t rows = ctx_.tp->rows().rows;
   Fp8Products& f = *ctx_.fp8;
   ctx_.prof->Begin("fp8 cast");
-  f.PrepareWeight(fp8_, w_, n_, k_);
+  f.PrepareWeight(fp8_);
   f.TransposeInput(rows, k_, keep_t);
   ctx_.prof->Begin(Fp8OpName(op));
   f.Forward(fp8_, out, b_, 0, rows, k_, n_);
@@ -177,7 +177,7 @@ RowParallelOutput RowParallelLinear::ForwardImpl(const char* op, const bf16* in,
   Fp8Products* f = fp8_.linear >= 0 ? ctx_.fp8 : nullptr;
   if (f != nullptr) {
     prof.Begin("fp8 cast");
-    f->PrepareWeight(fp8_, w_, n_, k_);
+    f->PrepareWeight(fp8_);
     f->CastInput(fp8_, in_fp8 != nullptr ? *in_fp8 : Fp8Source{in}, g.rows, k_, keep_t);
     op = Fp8OpName(op);
   }

@@ -59,7 +59,7 @@ class ColumnParallelLinear {
   ColumnParallelLinear(const LinearContext& ctx, int64_t k, int64_t n, const bf16* w, const bf16* b,
                        float* dw, float* db, bool fp8 = false)
       : ctx_(ctx), k_(k), n_(n), w_(w), b_(b), dw_(dw), db_(db) {
-    if (fp8) fp8_ = ctx.fp8->NewWeight(n, k);
+    if (fp8) fp8_ = ctx.fp8->NewWeight(w, n, k);
   }
   // out [rows, n] = in · Wᵀ + b; `in` is all rows (under SP only this rank's are present yet: the
   // ring gathers the rest in place).
@@ -108,7 +108,7 @@ class RowParallelLinear {
   RowParallelLinear(const LinearContext& ctx, const RowParallelBuffers& out, int64_t k, int64_t n,
                     const bf16* w, const bf16* b, float* dw, float* db, bool fp8 = false)
       : ctx_(ctx), out_(out), k_(k), n_(n), w_(w), b_(b), dw_(dw), db_(db) {
-    if (fp8) fp8_ = ctx.fp8->NewWeight(n, k);
+    if (fp8) fp8_ = ctx.fp8->NewWeight(w, n, k);
   }
   // Σ_TP in · Wᵀ (+ b, added once by TP rank 0), `in` [rows, k] all rows.
   RowParallelOutput Forward(const char* op, const bf16* in, uint8_t* keep_t = nullptr) const;
