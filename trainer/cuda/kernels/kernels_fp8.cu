@@ -151,30 +151,6 @@ struct GeluGradSource {  // dact·gelu'(x)
   }
 };
 
-struct SwigluGradSource {  // [d gate | d up] [rows, 2w] from dact [rows, w], x [rows, 2w]
-  const bf16 *x, *dact;
-  int64_t w;
-  __device__ void Load(int64_t r, int64_t c, float v[4]) const {
-    const bool gate_part = c < w;  // four adjacent columns never straddle w (a multiple of 4)
-    const int64_t j0 = gate_part ? c : c - w;
-    float gate[4], dy[4];
-    Load4(x + r * 2 * w + j0, gate);
-    Load4(dact + r * w + j0, dy);
-    if (gate_part) {
-      float up[4];
-      Load4(x + r * 2 * w + w + j0, up);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float sig = SigmoidApprox(gate[j]);
-        v[j] = dy[j] * up[j] * sig * (1.0f + gate[j] * (1.0f - sig));
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) v[j] = dy[j] * gate[j] * SigmoidApprox(gate[j]);
-    }
-  }
-};
-
 // AdamW's update of a weight W [rows, cols] (core/adamw.h's element update): the fp32 weight and
 // moments written back, the bf16 copy beside, and the copy's value cast. Each element is loaded
 // once (the tile kernel visits it once). float4 loads and stores: 16-byte aligned, cols % 4 == 0.
@@ -275,6 +251,71 @@ __global__ void CastToFp8Vec4Kernel(uint8_t* out, uint8_t* out_t, float* amax, S
   if (out_t == nullptr) return;
   __syncthreads();
   StoreTileTransposed(tile, out_t, r0, c0, rows, cols);
+}
+
+// SwiGLU's gradient [d gate | d up] [rows, 2w] from dact [rows, w] and fc1's output x [rows, 2w]
+// = [gate | up], cast as CastToFp8Vec4Kernel casts (the same tiles, amax and bias partials): a
+// block per 64 x 64 tile of [rows, w] writes the gate's tile and the up projection's, so that
+// gate, up and dact are each read once.
+__global__ void CastSwigluGradKernel(uint8_t* out, uint8_t* out_t, float* amax, const bf16* x,
+                                     const bf16* dact, int64_t rows, int64_t w,
+                                     const float* scale_p, Fp8Format f, float* bias_partials) {
+  __shared__ uint8_t tiles[2][kVecTile][kVecTile + 4];
+  const float scale = *scale_p;
+  const int64_t cols = 2 * w;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kVecTile,
+                c0 = static_cast<int64_t>(blockIdx.x) * kVecTile;
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t c = c0 + 4 * tx;
+  float m = 0.0f, sums[2][4] = {};
+  for (int i = ty; i < kVecTile; i += kVecThreads) {
+    const int64_t r = r0 + i;
+    if (r < rows && c < w) {
+      float gate[4], up[4], dy[4], d[2][4];
+      Load4(x + r * cols + c, gate);
+      Load4(x + r * cols + w + c, up);
+      Load4(dact + r * w + c, dy);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float sig = SigmoidApprox(gate[j]);
+        d[0][j] = dy[j] * up[j] * sig * (1.0f + gate[j] * (1.0f - sig));
+        d[1][j] = dy[j] * gate[j] * sig;
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        uint32_t packed = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          m = fmaxf(m, fabsf(d[h][j]));
+          sums[h][j] += d[h][j];
+          const uint8_t q = ToFp8(d[h][j] * scale, f);
+          tiles[h][i][4 * tx + j] = q;
+          packed |= static_cast<uint32_t>(q) << (8 * j);
+        }
+        if (out != nullptr) *reinterpret_cast<uint32_t*>(out + r * cols + h * w + c) = packed;
+      }
+    }
+  }
+  if (amax != nullptr) BlockMaxAbs(amax, m);
+  if (bias_partials != nullptr) {
+    __shared__ float col_sums[kVecThreads][kVecTile];
+    const int t = ty * kVecThreads + tx;
+    for (int h = 0; h < 2; ++h) {
+      __syncthreads();
+#pragma unroll
+      for (int j = 0; j < 4; ++j) col_sums[ty][4 * tx + j] = sums[h][j];
+      __syncthreads();
+      if (t < kVecTile && c0 + t < w) {
+        float total = 0.0f;
+        for (int i = 0; i < kVecThreads; ++i) total += col_sums[i][t];
+        bias_partials[static_cast<int64_t>(blockIdx.y) * cols + h * w + c0 + t] = total;
+      }
+    }
+  }
+  if (out_t == nullptr) return;
+  __syncthreads();
+  // Each half's transpose [w, rows] is rows [h·w, h·w + w) of out_t.
+  for (int h = 0; h < 2; ++h) StoreTileTransposed(tiles[h], out_t + h * w * rows, r0, c0, rows, w);
 }
 
 // CastToFp8Vec4Kernel's tiles and transposed stores, of bytes already cast.
@@ -428,7 +469,13 @@ void CastSourceToFp8(uint8_t* out, uint8_t* out_t, float* amax, const Fp8Source&
       launch(GeluSource{src.x, cols, tanh_approx});
     }
   } else if (src.act == Fp8Activation::kSwiglu) {
-    launch(SwigluGradSource{src.x, src.dact, cols / 2});
+    const int64_t w = cols / 2;
+    if (w % 4 != 0)
+      Die("CastSourceToFp8", "SwiGLU's width must be a multiple of 4", __FILE__, __LINE__);
+    const dim3 half(static_cast<unsigned>(CeilDiv(w, int64_t{kVecTile})), grid.y);
+    CastSwigluGradKernel<<<half, block, 0, s>>>(out, out_t, amax, src.x, src.dact, rows, w, scale,
+                                                format, partials);
+    LT_CUDA_LAUNCH_CHECK();
   } else {
     launch(GeluGradSource{src.x, src.dact, cols, tanh_approx});
   }
