@@ -20,7 +20,7 @@ SMALL = ["--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "
          "--global-batch-size", "16", "--train-iters", "30", "--lr", "3e-4", "--min-lr", "3e-5",
          "--lr-warmup-iters", "5", "--lr-decay-style", "cosine", "--log-interval", "1",
          "--eval-interval", "10", "--eval-iters", "2", "--hidden-dropout", "0.1",
-         "--attention-dropout", "0", "--seed", "5"]
+         "--attention-dropout", "0", "--seed", "5", "--deterministic-mode"]
 GPT2_774M = ["--num-layers", "36", "--hidden-size", "1280", "--num-attention-heads", "20",
              "--seq-length", "1024", "--max-position-embeddings", "1024", "--micro-batch-size",
              "32", "--global-batch-size", "32", "--train-iters", "20", "--log-interval", "5",
@@ -31,6 +31,10 @@ LARGE = ["--num-layers", "36", "--hidden-size", "1280", "--num-attention-heads",
          "--seq-length", "1024", "--max-position-embeddings", "1024", "--train-iters", "12",
          "--log-interval", "4", "--lr", "1e-4", "--min-lr", "1e-5", "--lr-decay-style", "cosine",
          "--hidden-dropout", "0", "--attention-dropout", "0", "--openai-gelu", "--eval-iters", "0"]
+FP8 = ["--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--fp8-amax-history-len", "16",
+       "--fp8-amax-compute-algo", "max"]
+LLAMA = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
+         "--disable-bias-linear"]
 DATA = ["--bf16", "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "50256"]
 
 # name: (GPUs, kind, flags for both, {"base": (extra flags, env), "new": (extra flags, env)})
@@ -64,8 +68,14 @@ CASES = {
     "pp2-interleaved": (2, "loss", SMALL + ["--openai-gelu", "--pipeline-model-parallel-size",
                                             "2", "--num-layers-per-virtual-pipeline-stage", "1"],
                         {}),
+    "fp8": (1, "loss", SMALL + ["--openai-gelu"] + FP8, {}),
+    "fp8-llama": (1, "loss", SMALL + LLAMA + FP8, {}),
+    "fp8-tensorwise": (1, "loss", SMALL + ["--openai-gelu", "--fp8-format", "hybrid",
+                                           "--fp8-recipe", "tensorwise"], {}),
     # Step times.
     "774M": (1, "speed", GPT2_774M, {}),
+    "774M-fp8": (1, "speed", GPT2_774M + FP8[:-4] + ["--fp8-amax-history-len", "1024",
+                                                      "--fp8-amax-compute-algo", "max"], {}),
     "large-dp2": (2, "speed", LARGE + ["--micro-batch-size", "32", "--global-batch-size", "64",
                                        "--overlap-grad-reduce"], {}),
     "large-dp2-distopt": (2, "speed", LARGE + ["--micro-batch-size", "32", "--global-batch-size",
