@@ -6,7 +6,8 @@ the distributed optimizer, TP2, TP2+SP and interleaved PP2; the float32 model ov
 (TP2+SP, interleaved PP2, CP2 with each --cp-comm-type) against one GPU; resuming a checkpoint
 under another layout; the distributed optimizer with its sharded fp32 weights bitwise plain DP2
 and freeing what its memory line says; FP8 linear layers under DP2 (plain and distributed
-optimizer), TP2, TP2+SP (both transports) and interleaved PP2 against FP8 on one GPU; and a
+optimizer), TP2, TP2+SP (both transports) and interleaved PP2 (delayed and tensorwise scaling)
+against FP8 on one GPU, DP2 FP8 resumes with and without the distributed optimizer; and a
 killed rank stopping the other instead of
 hanging."""
 import os
@@ -143,10 +144,28 @@ def test_fp8_layouts_match_one_gpu(dataset, one_gpu_fp8, name):
     assert fp8 and all(float(ms) > 0 for ms in fp8), proc.stdout[-2000:]
 
 
-def test_fp8_dp2_resume_is_bitwise(dataset, tmp_path):
+# Tensorwise scaling moves an input's scale at every cast: under interleaved PP a later
+# micro-batch's forward runs before this one's backward, which reads the scale kept with the
+# transposed input.
+TENSORWISE = ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"]
+
+
+def test_fp8_tensorwise_pp2_interleaved_matches_one_gpu(dataset):
+    one = losses(run_train(common(dataset) + ["--bf16"] + TENSORWISE))
+    proc = run_train(common(dataset) + ["--bf16"] + TENSORWISE + LAYOUTS["pp2-interleaved"],
+                     nproc=2)
+    assert_follows(proc, one)
+
+
+# With the distributed optimizer each rank's step writes the FP8 copies of the weights inside its
+# parts and casts the others after their gather: the same bytes, so resumes stay bitwise.
+@pytest.mark.parametrize("distopt", [False, True], ids=["dp2", "dp2-distopt"])
+def test_fp8_dp2_resume_is_bitwise(dataset, tmp_path, distopt):
     # The save at 10 comes with no evaluation before it (every 25): each rank's recorded amaxes
     # are reduced for the save, as the next step reduces them.
     args = common(dataset, 20) + ["--bf16", "--deterministic-mode"] + FP8
+    if distopt:
+        args += ["--use-distributed-optimizer", "--overlap-param-gather", "--overlap-grad-reduce"]
     straight = run_train(args + ["--save", tmp_path / "a"], nproc=2)
     run_train(args + ["--save", tmp_path / "b", "--exit-interval", "10"], nproc=2)
     rest = run_train(args + ["--load", tmp_path / "b", "--save", tmp_path / "b"], nproc=2)
