@@ -120,6 +120,7 @@ RECOMPUTE = {
              "--recompute-num-layers", "1"],
     "selective": ["--recompute-granularity", "selective", "--recompute-modules", "layernorm",
                   "mlp"],
+    "selective-mlp": ["--recompute-granularity", "selective", "--recompute-modules", "mlp"],
 }
 
 

@@ -23,15 +23,15 @@ TransformerLayer::Acts TransformerLayer::MakeActs(bf16* shared_act, bf16* shared
   a.norms_recomputed = shared_norm != nullptr;
   a.mlp_recomputed = shared_pre != nullptr;
   const bool keep_t = fp8() && !a.norms_recomputed;
-  // The norms' outputs serve the forward only unless fc1 runs again from ln2 in the backward.
-  bf16* norm_out = a.norms_recomputed            ? shared_norm
-                   : keep_t && !a.mlp_recomputed ? fp8_norm
-                                                 : nullptr;
-  a.ln1 = norm_out != nullptr ? norm_out : m.Alloc<bf16>(n * h);
+  // With the products' inputs kept transposed the norms' outputs serve the forward only (one
+  // buffer for all layers), unless fc1 runs again from ln2 in the backward.
+  bf16* shared_ln1 = a.norms_recomputed ? shared_norm : keep_t ? fp8_norm : nullptr;
+  bf16* shared_ln2 = a.mlp_recomputed && !a.norms_recomputed ? nullptr : shared_ln1;
+  a.ln1 = shared_ln1 != nullptr ? shared_ln1 : m.Alloc<bf16>(n * h);
   a.attention.qkv = m.Alloc<bf16>(n * shard_.qkv_width);
   a.attention.att = m.Alloc<bf16>(n * shard_.attn_width);
   a.mid = m.Alloc<bf16>(g.local_rows * h);
-  a.ln2 = norm_out != nullptr ? norm_out : m.Alloc<bf16>(n * h);
+  a.ln2 = shared_ln2 != nullptr ? shared_ln2 : m.Alloc<bf16>(n * h);
   if (keep_t) {
     a.attention.in_t = m.Alloc<uint8_t>(Fp8Products::KeptBytes(n, h));
     a.mlp.in_t = m.Alloc<uint8_t>(Fp8Products::KeptBytes(n, h));
