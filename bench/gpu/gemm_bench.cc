@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/gpu/gpu_timing.h"
 #include "trainer/cuda/cuda_util.h"
 #include "trainer/cuda/fp8_matmul.h"
 #include "trainer/cuda/kernels/fp8.h"
@@ -27,29 +28,8 @@ using leantron::trainer::cuda::Matmul;
 
 namespace {
 
-template <typename F>
-float TimeMs(F&& f, int reps = 10) {
-  f();
-  cudaEvent_t a, b;
-  LT_CUDA_CHECK(cudaEventCreate(&a));
-  LT_CUDA_CHECK(cudaEventCreate(&b));
-  LT_CUDA_CHECK(cudaEventRecord(a, MainStream()));
-  for (int i = 0; i < reps; ++i) f();
-  LT_CUDA_CHECK(cudaEventRecord(b, MainStream()));
-  LT_CUDA_CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  LT_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return ms / reps;
-}
-
-void* Buffer(size_t bytes) {
-  void* p;
-  LT_CUDA_CHECK(cudaMalloc(&p, bytes));
-  LT_CUDA_CHECK(cudaMemset(p, 0, bytes));
-  return p;
-}
+using leantron::bench::TimeMs;
+void* Buffer(size_t bytes) { return leantron::bench::DeviceZeros<char>(bytes); }
 
 }  // namespace
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/gpu/gpu_timing.h"
 #include "trainer/core/adamw.h"
 #include "trainer/cuda/cuda_util.h"
 #include "trainer/cuda/kernels/fp8.h"
@@ -17,49 +18,23 @@
 using namespace leantron::trainer;
 using namespace leantron::trainer::cuda;
 
-namespace {
-
-template <typename F>
-float TimeMs(F&& f, int reps = 5) {
-  f();
-  cudaEvent_t a, b;
-  LT_CUDA_CHECK(cudaEventCreate(&a));
-  LT_CUDA_CHECK(cudaEventCreate(&b));
-  LT_CUDA_CHECK(cudaEventRecord(a, MainStream()));
-  for (int i = 0; i < reps; ++i) f();
-  LT_CUDA_CHECK(cudaEventRecord(b, MainStream()));
-  LT_CUDA_CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  LT_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return ms / reps;
-}
-
-template <typename T>
-T* Buffer(size_t n) {
-  void* p;
-  LT_CUDA_CHECK(cudaMalloc(&p, n * sizeof(T)));
-  LT_CUDA_CHECK(cudaMemset(p, 0, n * sizeof(T)));
-  return static_cast<T*>(p);
-}
-
-}  // namespace
+using leantron::bench::DeviceZeros;
+using leantron::bench::TimeMs;
 
 int main(int argc, char** argv) {
   const int64_t cols = argc > 2 ? std::atoll(argv[2]) : 2048;
   int64_t n = argc > 1 ? std::atoll(argv[1]) : 1236000000;
   n = n / (4 * cols) * (4 * cols);  // rows a multiple of 4, as the vector path needs
-  float* p = Buffer<float>(n);
-  float* g = Buffer<float>(n);
-  float* m = Buffer<float>(n);
-  float* v = Buffer<float>(n);
-  bf16* low = Buffer<bf16>(n);
-  uint8_t* q = Buffer<uint8_t>(n);
-  uint8_t* qt = Buffer<uint8_t>(n);
-  float* scalars = Buffer<float>(2);  // amax, scale (0: all casts to zero, same traffic)
+  float* p = DeviceZeros<float>(n);
+  float* g = DeviceZeros<float>(n);
+  float* m = DeviceZeros<float>(n);
+  float* v = DeviceZeros<float>(n);
+  bf16* low = DeviceZeros<bf16>(n);
+  uint8_t* q = DeviceZeros<uint8_t>(n);
+  uint8_t* qt = DeviceZeros<uint8_t>(n);
+  float* scalars = DeviceZeros<float>(2);  // amax, scale (0: all casts to zero, same traffic)
   const size_t scratch_bytes = SumSquaresScratchBytes(n);
-  Scratch scratch{Buffer<char>(scratch_bytes), scratch_bytes};
+  Scratch scratch{DeviceZeros<char>(scratch_bytes), scratch_bytes};
   const AdamWConstants c = MakeAdamWConstants(1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 1.0f);
   struct Row {
     std::string name;
