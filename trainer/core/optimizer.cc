@@ -164,6 +164,8 @@ StepResult Optimizer::Step(float lr) {
   uint16_t* low = params_->bf16_copy();
   for (const AdamRange& r : adam_ranges_) {
     const float decay = r.decay ? opt_.weight_decay : 0.0f;
+    const AdamWConstants constants =
+        MakeAdamWConstants(lr, opt_.beta1, opt_.beta2, opt_.eps, decay, step_, grad_scale);
     // [at, e) of the range by the plain update; the copied weights inside it by their copies.
     size_t at = r.begin;
     auto plain = [&](size_t e) {
@@ -178,11 +180,8 @@ StepResult Optimizer::Step(float lr) {
     for (; it != copied_.end() && it->end <= r.end; ++it) {
       plain(it->begin);
       const size_t state = r.state + (it->begin - r.begin);
-      it->copies->Update(
-          it->index, params_->Master(it->begin), grad + it->begin, exp_avg_ + state,
-          exp_avg_sq_ + state,
-          MakeAdamWConstants(lr, opt_.beta1, opt_.beta2, opt_.eps, decay, step_, grad_scale),
-          low + it->begin);
+      it->copies->Update(it->index, params_->Master(it->begin), grad + it->begin, exp_avg_ + state,
+                         exp_avg_sq_ + state, constants, low + it->begin);
       at = it->end;
     }
     plain(r.end);

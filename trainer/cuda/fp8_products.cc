@@ -107,11 +107,15 @@ Fp8Weight Fp8Products::NewWeight(const bf16* w16, int64_t n, int64_t k) {
 void Fp8Products::PrepareWeight(const Fp8Weight& w) {
   const WeightCopy& c = weights_[w.linear];
   if (cast_epoch_[w.linear] == scaling_->epoch()) return;
-  cast_epoch_[w.linear] = scaling_->epoch();
   scaling_->Cast<bf16>(w.linear, Fp8Scaling::kWeight, c.w16, c.n, c.k, w.w, w.w_t,
                        /*record=*/true);
+  WeightCast(w);
+}
+
+void Fp8Products::WeightCast(const Fp8Weight& w) {
   LT_CUDA_CHECK(cudaMemcpyAsync(w.scale_inv, scaling_->scale_inv(w.linear, Fp8Scaling::kWeight),
                                 sizeof(float), cudaMemcpyDeviceToDevice, MainStream()));
+  cast_epoch_[w.linear] = scaling_->epoch();
 }
 
 void Fp8Products::StepWeight(size_t i, float* param, const float* grad, float* exp_avg,
@@ -127,9 +131,7 @@ void Fp8Products::StepWeight(size_t i, float* param, const float* grad, float* e
              scaling_->history(w.linear, Fp8Scaling::kWeight),
              scaling_->scale(w.linear, Fp8Scaling::kWeight), scaling_->format(Fp8Scaling::kWeight),
              MainStream());
-  LT_CUDA_CHECK(cudaMemcpyAsync(w.scale_inv, scaling_->scale_inv(w.linear, Fp8Scaling::kWeight),
-                                sizeof(float), cudaMemcpyDeviceToDevice, MainStream()));
-  cast_epoch_[i] = scaling_->epoch();
+  WeightCast(w);
 }
 
 void Fp8Products::CastInput(const Fp8Weight& w, const Fp8Source& in, int64_t rows, int64_t k,

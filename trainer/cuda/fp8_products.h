@@ -152,6 +152,9 @@ class Fp8Products {
                       const uint8_t* in_t = nullptr);
 
  private:
+  // After w's copy was cast: the inverse scale it was cast with kept beside it, and its epoch.
+  void WeightCast(const Fp8Weight& w);
+
   Fp8Scaling* scaling_;
   DeviceMemory* memory_;
   Fp8Matmul mm_;
