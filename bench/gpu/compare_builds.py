@@ -31,6 +31,12 @@ LARGE = ["--num-layers", "36", "--hidden-size", "1280", "--num-attention-heads",
          "--seq-length", "1024", "--max-position-embeddings", "1024", "--train-iters", "12",
          "--log-interval", "4", "--lr", "1e-4", "--min-lr", "1e-5", "--lr-decay-style", "cosine",
          "--hidden-dropout", "0", "--attention-dropout", "0", "--openai-gelu", "--eval-iters", "0"]
+GPT2_1_5B = ["--num-layers", "48", "--hidden-size", "1600", "--num-attention-heads", "25",
+             "--seq-length", "1024", "--max-position-embeddings", "1024", "--micro-batch-size",
+             "16", "--global-batch-size", "16", "--train-iters", "12", "--log-interval", "4",
+             "--lr", "1e-4", "--min-lr", "1e-5", "--lr-decay-style", "cosine",
+             "--hidden-dropout", "0", "--attention-dropout", "0", "--openai-gelu",
+             "--eval-iters", "0"]
 FP8 = ["--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--fp8-amax-history-len", "16",
        "--fp8-amax-compute-algo", "max"]
 LLAMA = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
@@ -72,10 +78,12 @@ CASES = {
     "fp8-llama": (1, "loss", SMALL + LLAMA + FP8, {}),
     "fp8-tensorwise": (1, "loss", SMALL + ["--openai-gelu", "--fp8-format", "hybrid",
                                            "--fp8-recipe", "tensorwise"], {}),
+    "offload": (1, "loss", SMALL + ["--openai-gelu", "--optimizer-cpu-offload"], {}),
     # Step times.
     "774M": (1, "speed", GPT2_774M, {}),
     "774M-fp8": (1, "speed", GPT2_774M + FP8[:-4] + ["--fp8-amax-history-len", "1024",
                                                       "--fp8-amax-compute-algo", "max"], {}),
+    "1.5B-offload": (1, "speed", GPT2_1_5B + ["--optimizer-cpu-offload"], {}),
     "large-dp2": (2, "speed", LARGE + ["--micro-batch-size", "32", "--global-batch-size", "64",
                                        "--overlap-grad-reduce"], {}),
     "large-dp2-distopt": (2, "speed", LARGE + ["--micro-batch-size", "32", "--global-batch-size",

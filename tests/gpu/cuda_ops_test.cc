@@ -549,7 +549,8 @@ TEST_F(CudaOpsTest, AdamWStep) {
 // --optimizer-cpu-offload on the GPU backend: gradients down and bf16 weights and the norms' and
 // embeddings' fp32 copies up on the side streams, in pieces of 97 elements (cutting tensors and
 // decay groups; both slots in use) stepped by three host threads. Against the GPU's AdamW on the
-// same gradients: the same weights, bf16 copy and fp32 copies, bit for bit, after every step.
+// same gradients: the same weights, bf16 copy and fp32 copies, bit for bit, after every step; also
+// with the step beside the main stream's next work (overlap_host_step).
 TEST_F(CudaOpsTest, OffloadedOptimizerMatchesTheGpuOneBitForBit) {
   ckpt::ModelConfig config = ckpt::Gpt2StyleConfig(2, 16, 2, 37, 8);
   config.make_vocab_size_divisible_by = 8;
@@ -558,15 +559,20 @@ TEST_F(CudaOpsTest, OffloadedOptimizerMatchesTheGpuOneBitForBit) {
   ProcessGroups groups = SingleProcessGroups();
   ParamStore dev(gpu_.get(), *layout, 0, 0, false);
   ParamStore host(gpu_.get(), *layout, 0, 0, false, MasterWeights::kHost);
+  ParamStore over(gpu_.get(), *layout, 0, 0, false, MasterWeights::kHost);
   dev.Initialize(4, 0.02);
   host.Initialize(4, 0.02);
+  over.Initialize(4, 0.02);
   const size_t n = dev.size();
   auto* dev_low = static_cast<uint16_t*>(gpu_->AllocBytes(n * 2));
   auto* host_low = static_cast<uint16_t*>(gpu_->AllocBytes(n * 2));
+  auto* over_low = static_cast<uint16_t*>(gpu_->AllocBytes(n * 2));
   owned_.push_back(dev_low);
   owned_.push_back(host_low);
+  owned_.push_back(over_low);
   dev.set_bf16_copy(dev_low);
   host.set_bf16_copy(host_low);
+  over.set_bf16_copy(over_low);
   OptimizerOptions oo;
   oo.weight_decay = 0.1f;
   oo.clip_grad = 0.5f;
@@ -575,17 +581,35 @@ TEST_F(CudaOpsTest, OffloadedOptimizerMatchesTheGpuOneBitForBit) {
   oo.host_threads = 3;
   oo.offload_piece = 97;
   Optimizer b(gpu_.get(), &host, &groups, oo);
+  oo.overlap_host_step = true;  // beside what the main stream does next
+  Optimizer c(gpu_.get(), &over, &groups, oo);
   for (int step = 0; step < 3; ++step) {
     const std::vector<float> g = Rand(n, 300 + step, 0.05f);
     gpu_->CopyFromHost(dev.grad(), g.data(), n * sizeof(float));
     gpu_->CopyFromHost(host.grad(), g.data(), n * sizeof(float));
-    const StepResult ra = a.Step(2e-3f), rb = b.Step(2e-3f);
+    gpu_->CopyFromHost(over.grad(), g.data(), n * sizeof(float));
+    const StepResult ra = a.Step(2e-3f), rb = b.Step(2e-3f), rc = c.Step(2e-3f);
     EXPECT_EQ(ra.grad_norm, rb.grad_norm);
+    EXPECT_EQ(ra.grad_norm, rc.grad_norm);
+    // Main-stream reads after a wait for a prefix see its new bf16 weights; the zeroing asked for
+    // meanwhile runs once the step is finished.
+    c.ZeroGrad();
+    const size_t half = n / 2;
+    c.WaitHostWeights(half);
+    std::vector<uint16_t> lo(half), lc(half);
+    gpu_->CopyToHost(lo.data(), dev_low, half * 2);
+    gpu_->CopyToHost(lc.data(), over_low, half * 2);
+    EXPECT_EQ(lc, lo) << "step " << step;
+    c.FinishHostStep();
+    EXPECT_EQ(Down(over.grad(), n), std::vector<float>(n, 0.0f)) << "step " << step;
+    EXPECT_EQ(over.HostData(), dev.HostData()) << "step " << step;
     // Reads on the main stream see the uploads (ComputeAfterCopies).
     EXPECT_EQ(host.HostData(), dev.HostData()) << "step " << step;
     std::vector<uint16_t> la(n), lb(n);
     gpu_->CopyToHost(la.data(), dev_low, n * 2);
     gpu_->CopyToHost(lb.data(), host_low, n * 2);
+    EXPECT_EQ(la, lb) << "step " << step;
+    gpu_->CopyToHost(lb.data(), over_low, n * 2);
     EXPECT_EQ(la, lb) << "step " << step;
     for (const ParamView& v : host.views()) {
       if (v.mirror == ParamView::kNoMirror) continue;

@@ -22,19 +22,34 @@ def dataset(tmp_path_factory):
     return licence_dataset(tmp_path_factory.mktemp("data") / "licences")
 
 
-@pytest.mark.parametrize("arch", [[], LLAMA], ids=["gpt2", "llama"])
+FP8 = ["--fp8-format", "hybrid", "--fp8-recipe", "delayed"]
+
+
+def every(args, flag, value):
+    """`args` with `flag`'s value replaced."""
+    out = list(args)
+    out[out.index(flag) + 1] = value
+    return out
+
+
+@pytest.mark.parametrize("arch", [[], LLAMA, FP8], ids=["gpt2", "llama", "fp8"])
 def test_offloaded_step_is_bitwise_the_gpu_one(dataset, tmp_path, arch):
     """Every logged number and every saved tensor (weights and moments) equal to the GPU
-    optimizer's, with dropout, clipping and weight decay on."""
-    args = common(dataset, 12) + ["--bf16", "--deterministic-mode", "--hidden-dropout", "0.1",
-                                  "--weight-decay", "0.1", "--clip-grad", "0.5"] + arch
+    optimizer's, with dropout, clipping and weight decay on. The host steps beside the next
+    forward, which waits layer by layer; evaluations (forwards between two steps) and two
+    micro-batches a step go through the same waits. FP8 layers cast the uploaded weights."""
+    args = every(common(dataset, 12), "--eval-interval", 4) + [
+        "--bf16", "--deterministic-mode", "--hidden-dropout", "0.1", "--weight-decay", "0.1",
+        "--clip-grad", "0.5"] + arch
     gpu = run_train(args + ["--save", tmp_path / "gpu"])
     host = run_train(args + OFFLOAD + ["--save", tmp_path / "host"])
     g, h = parse_log(gpu.stdout), parse_log(host.stdout)
     assert sorted(h[0]) == list(range(1, 13))
+    assert sorted(h[1]) == [4, 8, 12]
     assert h == g
     assert files(tmp_path / "gpu", 12) == files(tmp_path / "host", 12)
-    assert re.search(r"optimizer on the host \(\d+ threads\)", host.stdout), host.stdout[-2000:]
+    assert re.search(r"optimizer on the host \(\d+ threads\).*beside the next forward, which "
+                     r"waited [\d.]+ ms for it", host.stdout), host.stdout[-2000:]
 
 
 def test_offload_resumes_gpu_checkpoints_and_back(dataset, tmp_path):

@@ -1,7 +1,8 @@
 // AdamW over the flat buffers: skipped steps on non-finite gradients, Megatron's norm and weight
 // decay, the distributed optimizer's parts against one optimizer (two in-process Gloo ranks), with
-// the fp32 weights whole and sharded, the step offloaded to the host against the backend's, and
-// the weights a model's StepCopies update (the FP8 copies' path) against the plain step.
+// the fp32 weights whole and sharded, the step offloaded to the host against the backend's (also
+// beside the next forward), and the weights a model's StepCopies update (the FP8 copies' path)
+// against the plain step.
 #include "trainer/core/optimizer.h"
 
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include "libckpt/dtype.h"
 #include "libckpt/layout.h"
 #include "trainer/core/adamw.h"
+#include "trainer/core/host_step_waits.h"
 #include "trainer/core/params.h"
 #include "trainer/dist/comm_gloo.h"
 
@@ -478,6 +480,93 @@ TEST(OptimizerTest, OffloadedStepMatchesTheBackendsBitForBit) {
   EXPECT_EQ(host_params.data()[ln->offset], 1.5f);
   EXPECT_EQ(host_params.Param(ln->name)[ln->numel - 1], 1.5f);
   EXPECT_EQ(host_params.HostData()[ln->offset], 1.5f);
+}
+
+// The offloaded step beside the next forward (overlap_host_step): Step returns once the host step
+// has started; when a layer's wait (HostStepWaits) returns, the prefix of the buffers it reads
+// holds the new bf16 weights and fp32 mirror; ZeroGrad's zeroing waits until the whole step is
+// finished (the loss computation's HeadWeightsNeeded); and every number is the synchronous step's,
+// bit for bit.
+TEST(OptimizerTest, OverlappedHostStepWaitsPerLayerAndMatchesTheSynchronousOne) {
+  const ckpt::ModelConfig config = TinyConfig(false);
+  auto layout = ckpt::ModelLayout::Create(config, {1, 1, 1});
+  ASSERT_TRUE(layout.ok());
+  auto ops = *CreateOps("cpu");
+  ProcessGroups groups = SingleProcessGroups();
+  ParamStore sync_params(ops.get(), *layout, 0, 0, false, MasterWeights::kHost);
+  ParamStore over_params(ops.get(), *layout, 0, 0, false, MasterWeights::kHost);
+  sync_params.Initialize(5, 0.02);
+  over_params.Initialize(5, 0.02);
+  const size_t n = sync_params.size();
+  std::vector<uint16_t> sync_low(n), over_low(n);
+  sync_params.set_bf16_copy(sync_low.data());
+  over_params.set_bf16_copy(over_low.data());
+
+  OptimizerOptions oo;
+  oo.weight_decay = 0.1f;
+  oo.clip_grad = 0.5f;
+  oo.cpu_offload = true;
+  oo.host_threads = 3;
+  oo.offload_piece = 97;
+  Optimizer sync(ops.get(), &sync_params, &groups, oo);
+  oo.overlap_host_step = true;
+  Optimizer over(ops.get(), &over_params, &groups, oo);
+  EXPECT_TRUE(over.host_step_overlapped());
+  EXPECT_FALSE(sync.host_step_overlapped());
+  HostStepWaits waits(&over, over_params, 0, config.num_layers);
+  // Embeddings, then each layer further into the buffers; the final norm after them.
+  ASSERT_GT(waits.end_of(-1), 0u);
+  for (int l = 0; l < config.num_layers; ++l)
+    ASSERT_GT(waits.end_of(l), l == 0 ? waits.end_of(-1) : waits.end_of(l - 1));
+  ASSERT_LT(waits.end_of(config.num_layers - 1), n);
+  EXPECT_EQ(waits.end_of(config.num_layers), 0u);
+
+  auto prefix_is_sync = [&](size_t end, const std::string& what) {
+    for (size_t i = 0; i < end; ++i) ASSERT_EQ(over_low[i], sync_low[i]) << what << " " << i;
+    for (const ParamView& v : over_params.views()) {
+      if (v.mirror == ParamView::kNoMirror || v.offset + v.numel > end) continue;
+      const float* a = over_params.Param(v.name);
+      const float* b = sync_params.Param(v.name);
+      for (size_t j = 0; j < v.numel; ++j) ASSERT_EQ(a[j], b[j]) << what << " " << v.name;
+    }
+  };
+  for (int step = 0; step < 4; ++step) {
+    sync.ZeroGrad();
+    over.ZeroGrad();
+    // The last step's gradients are still being read: their zeroing waits.
+    if (step > 0) {
+      EXPECT_NE(over_params.grad()[1], 0.0f) << "step " << step;
+    }
+    // The next forward, part by part.
+    waits.WeightsNeeded(-1);
+    prefix_is_sync(waits.end_of(-1), "embeddings");
+    for (int l = 0; l < config.num_layers; ++l) {
+      waits.WeightsNeeded(l);
+      prefix_is_sync(waits.end_of(l), "layer " + std::to_string(l));
+    }
+    waits.HeadWeightsNeeded();
+    prefix_is_sync(n, "all");
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(over_params.grad()[i], 0.0f) << "gradient " << i;
+    for (size_t i = 0; i < n; ++i) {
+      const float g = static_cast<float>(std::sin(0.37 * static_cast<double>(i) + step)) * 0.04f;
+      sync_params.grad()[i] = g;
+      over_params.grad()[i] = g;
+    }
+    sync.FinalizeGrads();
+    over.FinalizeGrads();
+    const StepResult a = sync.Step(2e-3f), b = over.Step(2e-3f);
+    ASSERT_FALSE(b.skipped);
+    EXPECT_EQ(a.grad_norm, b.grad_norm);
+  }
+  // Reading the moments finishes the step under way.
+  std::vector<float> sm, sv, om, ov;
+  sync.GatherState(&sm, &sv);
+  over.GatherState(&om, &ov);
+  EXPECT_EQ(om, sm);
+  EXPECT_EQ(ov, sv);
+  EXPECT_EQ(over_params.HostData(), sync_params.HostData());
+  EXPECT_EQ(over_low, sync_low);
+  EXPECT_GE(over.host_waited_ms(), 0.0);
 }
 
 // With the weights on the host the backend has fp32 copies of the norms and embeddings only:

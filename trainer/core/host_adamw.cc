@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 
 #include "libckpt/dtype.h"
 
@@ -42,15 +44,103 @@ HostAdamW::HostAdamW(ParamStore* params, size_t state_elements, int threads, siz
       piece_(std::max<size_t>(1, piece)) {
   grad_stage_ = static_cast<float*>(ops_->AllocPinned(2 * piece_ * sizeof(float)));
   bf16_stage_ = static_cast<uint16_t*>(ops_->AllocPinned(2 * piece_ * sizeof(uint16_t)));
+  conductor_ = std::thread([this] { Conduct(); });
 }
 
 HostAdamW::~HostAdamW() {
+  Finish();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  conductor_.join();
   ops_->FreePinned(grad_stage_);
   ops_->FreePinned(bf16_stage_);
 }
 
+void HostAdamW::Start(const std::vector<AdamRange>& ranges, const AdamWConstants& decay,
+                      const AdamWConstants& no_decay) {
+  // The step's copies start after the work issued so far, and not after the forward the caller
+  // issues next (which waits for them).
+  ops_->CopyFence();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (active_) {
+      std::fprintf(stderr, "HostAdamW: a step started before the last one was finished\n");
+      std::abort();
+    }
+    ranges_ = ranges;
+    decay_ = decay;
+    no_decay_ = no_decay;
+    uploaded_to_ = 0;
+    upload_ticket_ = 0;
+    pending_ = running_ = active_ = true;
+  }
+  wake_.notify_all();
+}
+
+void HostAdamW::WaitUploaded(size_t end) {
+  uint64_t ticket = 0;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!active_) return;
+    if (running_ && uploaded_to_ < end) {
+      const auto begin = Clock::now();
+      progress_.wait(lock, [&] { return uploaded_to_ >= end || !running_; });
+      waited_ms_ += Ms(begin, Clock::now());
+    }
+    ticket = upload_ticket_;
+  }
+  if (ticket != 0) ops_->ComputeAfterCopy(ticket);
+}
+
+bool HostAdamW::Finish() {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!active_) return false;
+    if (running_) {
+      const auto begin = Clock::now();
+      progress_.wait(lock, [&] { return !running_; });
+      waited_ms_ += Ms(begin, Clock::now());
+    }
+    active_ = false;
+  }
+  ops_->ComputeAfterCopies();
+  return true;
+}
+
 void HostAdamW::Step(const std::vector<AdamRange>& ranges, const AdamWConstants& decay,
                      const AdamWConstants& no_decay) {
+  Start(ranges, decay, no_decay);
+  Finish();
+}
+
+bool HostAdamW::active() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return active_;
+}
+
+void HostAdamW::Conduct() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      wake_.wait(lock, [&] { return stop_ || pending_; });
+      if (stop_) return;
+      pending_ = false;
+    }
+    Run();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      running_ = false;
+    }
+    progress_.notify_all();
+  }
+}
+
+void HostAdamW::Run() {
+  const std::vector<AdamRange>& ranges = ranges_;
+  const AdamWConstants decay = decay_, no_decay = no_decay_;
   const auto start = Clock::now();
   double compute = 0.0;
   ops_->WaitCopy(last_up_);  // the last step's uploads read the host weights
@@ -114,9 +204,15 @@ void HostAdamW::Step(const std::vector<AdamRange>& ranges, const AdamWConstants&
       last_up_ = up[slot];
     }
     if (const uint64_t t = params_->RefreshMirror(p.begin, p.end); t != 0) last_up_ = t;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      uploaded_to_ = p.end;
+      upload_ticket_ = last_up_;
+    }
+    progress_.notify_all();
     if (i + 2 < pieces.size()) fetch(i + 2);
   }
-  ops_->ComputeAfterCopies();
+  std::lock_guard<std::mutex> lock(mu_);
   ++steps_;
   step_ms_ += Ms(start, Clock::now());
   compute_ms_ += compute;

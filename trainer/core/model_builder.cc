@@ -7,6 +7,7 @@
 
 #include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
+#include "trainer/core/host_step_waits.h"
 #include "trainer/reference/model.h"
 #ifdef LEANTRON_HAVE_CUDA
 #include "trainer/cuda/nn/bf16_model.h"
@@ -180,10 +181,21 @@ absl::StatusOr<TrainingModel> BuildTrainingModel(const TrainArgs& args, ProcessG
   oo.buckets = std::move(all_buckets);
   oo.dp_by_reducer = !m.listeners.empty();
   oo.cpu_offload = args.optimizer_cpu_offload;
-  oo.host_threads = std::max(1, UsableCores() / std::max(1, local_ranks));
+  // The offloaded step runs beside the next forward (the bf16 model, the only one that offloads,
+  // announces which weights it reads), on every core of the rank's share but the one that issues
+  // the forward.
+  oo.overlap_host_step = args.optimizer_cpu_offload && args.bf16;
+  const int cores = std::max(1, UsableCores() / std::max(1, local_ranks));
+  oo.host_threads = oo.overlap_host_step ? std::max(1, cores - 1) : cores;
   m.optimizer = std::make_unique<Optimizer>(m.ops.get(), m.params.get(), &g, oo);
   for (StageModel* chunk : m.chunks) {
     if (StepCopies* copies = chunk->step_copies()) m.optimizer->AddStepCopies(copies);
+    if (oo.overlap_host_step) {
+      auto waits = std::make_unique<HostStepWaits>(m.optimizer.get(), *m.params,
+                                                   chunk->first_layer(), chunk->last_layer());
+      chunk->AddListener(waits.get());
+      m.listeners.push_back(std::move(waits));
+    }
   }
   return m;
 }

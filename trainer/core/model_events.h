@@ -1,6 +1,7 @@
 // What a stage model announces as a step goes, for components that hang on its progress instead of
 // living inside it: the data-parallel gradient reduction and parameter gathering
-// (trainer/cuda/parallel/grad_reduce.h) today. A model fires them; a listener does its own work
+// (trainer/cuda/parallel/grad_reduce.h) and the offloaded optimizer's step beside the next forward
+// (core/host_step_waits.h) today. A model fires them; a listener does its own work
 // (launching a bucket's reduction once its layers are done, making the forward wait for a layer's
 // gathered weights). Layers are counted within the model chunk.
 #pragma once
@@ -17,6 +18,9 @@ class ModelEvents {
   // The forward is about to use chunk layer `layer`'s weights; -1: the embeddings, final norm and
   // output layer.
   virtual void WeightsNeeded(int layer) {}
+  // The last stage's forward is about to use the final norm and the output layer, whose loss
+  // computation writes the first gradients of the micro-batch.
+  virtual void HeadWeightsNeeded() {}
   // A micro-batch's backward begins.
   virtual void BackwardBegins() {}
   // The backward has finished chunk layer `layer` (and every layer above it).

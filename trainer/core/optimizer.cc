@@ -96,14 +96,41 @@ Optimizer::Optimizer(Ops* ops, ParamStore* params, ProcessGroups* groups,
 }
 
 Optimizer::~Optimizer() {
+  FinishHostStep();
   if (host_ != nullptr) return;
   ops_->Free(exp_avg_);
   ops_->Free(exp_avg_sq_);
 }
 
-void Optimizer::ZeroGrad() { ops_->Zero(params_->grad(), params_->size()); }
+void Optimizer::ZeroGrad() {
+  // The host step may still be bringing the gradients down.
+  if (host_ != nullptr && host_->active()) {
+    zero_pending_ = true;
+    return;
+  }
+  ops_->Zero(params_->grad(), params_->size());
+}
+
+void Optimizer::WaitHostWeights(size_t end) {
+  if (host_ != nullptr) host_->WaitUploaded(end);
+}
+
+void Optimizer::FinishHostStep() {
+  if (host_ == nullptr) return;
+  host_->Finish();
+  if (zero_pending_) {
+    ops_->Zero(params_->grad(), params_->size());
+    zero_pending_ = false;
+  }
+}
 
 void Optimizer::FinalizeGrads() {
+  if (zero_pending_) {
+    std::fprintf(stderr,
+                 "Optimizer: gradients computed while the overlapped host step was under way (no "
+                 "listener called FinishHostStep before the backward)\n");
+    std::abort();
+  }
   float* grad = params_->grad();
   // Sequence parallelism: replicated parameters saw only this rank's rows.
   if (groups_->tp->size() > 1) {
@@ -154,10 +181,15 @@ StepResult Optimizer::Step(float lr) {
   ++step_;
   for (StepCopies* c : step_copies_) c->WeightsWillStep();
   if (host_ != nullptr) {
-    host_->Step(adam_ranges_,
-                MakeAdamWConstants(lr, opt_.beta1, opt_.beta2, opt_.eps, opt_.weight_decay, step_,
-                                   grad_scale),
-                MakeAdamWConstants(lr, opt_.beta1, opt_.beta2, opt_.eps, 0.0f, step_, grad_scale));
+    const AdamWConstants decay = MakeAdamWConstants(lr, opt_.beta1, opt_.beta2, opt_.eps,
+                                                    opt_.weight_decay, step_, grad_scale);
+    const AdamWConstants no_decay =
+        MakeAdamWConstants(lr, opt_.beta1, opt_.beta2, opt_.eps, 0.0f, step_, grad_scale);
+    if (opt_.overlap_host_step) {
+      host_->Start(adam_ranges_, decay, no_decay);
+    } else {
+      host_->Step(adam_ranges_, decay, no_decay);
+    }
     params_->WeightsStepped();
     return result;
   }
@@ -239,12 +271,14 @@ void Optimizer::BroadcastParts() {
 }
 
 void Optimizer::GatherParams() {
+  FinishHostStep();
   if (!params_partial_) return;
   BroadcastParts();
   params_partial_ = false;
 }
 
 void Optimizer::GatherMaster(std::vector<float>* out) {
+  FinishHostStep();
   const size_t n = params_->size();
   if (!params_->sharded()) {
     GatherParams();
@@ -277,6 +311,7 @@ void Optimizer::GatherMaster(std::vector<float>* out) {
 }
 
 void Optimizer::GatherState(std::vector<float>* exp_avg, std::vector<float>* exp_avg_sq) {
+  FinishHostStep();
   const size_t n = params_->size();
   exp_avg->assign(n, 0.0f);
   exp_avg_sq->assign(n, 0.0f);
@@ -311,6 +346,7 @@ void Optimizer::GatherState(std::vector<float>* exp_avg, std::vector<float>* exp
 }
 
 bool Optimizer::HostState(float** exp_avg, float** exp_avg_sq) {
+  FinishHostStep();
   if (host_ == nullptr) return false;
   *exp_avg = exp_avg_;
   *exp_avg_sq = exp_avg_sq_;
@@ -319,6 +355,7 @@ bool Optimizer::HostState(float** exp_avg, float** exp_avg_sq) {
 
 void Optimizer::ScatterState(const std::vector<float>& exp_avg,
                              const std::vector<float>& exp_avg_sq) {
+  FinishHostStep();
   for (const Owned& o : owned_) {
     const size_t bytes = (o.end - o.begin) * sizeof(float);
     if (host_ != nullptr) {

@@ -45,6 +45,11 @@ struct OptimizerOptions {
   // optimizer's parts (DP × CP > 1).
   bool cpu_offload = false;
   int host_threads = 1;
+  // The offloaded step runs beside what the caller issues next (the next forward): Step returns
+  // once it has started, the model's listeners (HostStepWaits) make each layer wait for its own
+  // weights and call FinishHostStep before the first gradient is written; ZeroGrad's zeroing
+  // waits until then.
+  bool overlap_host_step = false;
   size_t offload_piece = HostAdamW::kPiece;  // gradient elements moved down at a time
 };
 
@@ -60,9 +65,16 @@ class Optimizer {
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
+  // Zeroes the gradients (with an overlapped host step under way, once FinishHostStep has run).
   void ZeroGrad();
   void FinalizeGrads();
   StepResult Step(float lr);
+  // With an overlapped host step (overlap_host_step) under way: backend work issued later waits
+  // for the new weights in [0, end) of the flat buffers (blocking until the step has queued
+  // them), or FinishHostStep for all of it, after which the deferred zeroing of the gradients
+  // runs. Nothing to do otherwise.
+  void WaitHostWeights(size_t end);
+  void FinishHostStep();
   // A model's copies of weights that the step writes as it updates them (step_copies.h), told of
   // every step that changes the weights.
   void AddStepCopies(StepCopies* copies);
@@ -74,6 +86,9 @@ class Optimizer {
   // Mean milliseconds per offloaded step: the whole of it, and the host threads' stepping.
   double host_step_ms() const { return host_ ? host_->step_ms() : 0.0; }
   double host_compute_ms() const { return host_ ? host_->compute_ms() : 0.0; }
+  // Mean milliseconds per step the caller blocked for the overlapped host step.
+  double host_waited_ms() const { return host_ ? host_->waited_ms() : 0.0; }
+  bool host_step_overlapped() const { return host_ != nullptr && opt_.overlap_host_step; }
   void set_step(int64_t s) { step_ = s; }
   // Makes every DP rank's fp32 weights whole again where the model gathers only before its next
   // forward (collective over DP × CP; nothing to do otherwise). Before reading them, as a save
@@ -125,6 +140,7 @@ class Optimizer {
   std::vector<StepCopies*> step_copies_;
   std::vector<Copied> copied_;
   bool params_partial_ = false;  // only the owned parts are current (the model gathers)
+  bool zero_pending_ = false;    // ZeroGrad came while the host step was under way
   int64_t step_ = 0;
 };
 

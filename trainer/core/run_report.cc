@@ -122,9 +122,13 @@ std::string RankReport(const TrainArgs& args, const TrainingModel& m, const Proc
         &out,
         "[Rank %d] optimizer on the host (%d threads): fp32 weights and Adam state there, %.1f "
         "ms per step from the first gradient piece down to the last weights queued up, %.1f ms "
-        "of it stepping\n",
+        "of it stepping%s\n",
         g.world_rank, m.optimizer->host_threads(), m.optimizer->host_step_ms(),
-        m.optimizer->host_compute_ms());
+        m.optimizer->host_compute_ms(),
+        m.optimizer->host_step_overlapped()
+            ? absl::StrFormat(", beside the next forward, which waited %.1f ms for it",
+                              m.optimizer->host_waited_ms())
+            : "");
   }
   // Context parallelism's share: the host sees the time inside the cp group's Gloo calls (the
   // waits for blocks that had not arrived), not transfers that ran while a block computed.

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "absl/status/status.h"
@@ -46,14 +47,18 @@ class GrowBuffer {
 };
 
 // Two copy streams (to and from the host, so both directions of the bus run at once) beside the
-// main stream, and a completion event per copy, handed out as increasing tickets.
+// main stream, and a completion event per copy, handed out as increasing tickets. Copies may come
+// from another host thread than the main stream's (the offloaded optimizer's step runs beside the
+// next forward): one lock, and the device made current on the issuing thread.
 struct SideCopies {
   struct Direction {
     cudaStream_t stream = nullptr;
     uint64_t last = 0;  // ticket of its latest copy
   };
+  std::mutex mu;
   Direction down, up;
-  cudaEvent_t issued = nullptr;             // the main stream's work so far
+  int device = -1;
+  cudaEvent_t fence = nullptr;              // the main stream's work at the last Fence
   std::map<uint64_t, cudaEvent_t> pending;  // copies not known to have finished
   uint64_t next = 0;
 
@@ -61,16 +66,24 @@ struct SideCopies {
     for (auto& [t, e] : pending) cudaEventDestroy(e);
     for (Direction* d : {&down, &up})
       if (d->stream != nullptr) cudaStreamDestroy(d->stream);
-    if (issued != nullptr) cudaEventDestroy(issued);
+    if (fence != nullptr) cudaEventDestroy(fence);
+  }
+  void Fence() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (fence == nullptr) {
+      LT_CUDA_CHECK(cudaGetDevice(&device));
+      LT_CUDA_CHECK(cudaEventCreateWithFlags(&fence, cudaEventDisableTiming));
+      for (Direction* d : {&down, &up})
+        LT_CUDA_CHECK(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));
+    }
+    LT_CUDA_CHECK(cudaEventRecord(fence, MainStream()));
   }
   uint64_t Copy(Direction* d, void* dst, const void* src, size_t bytes) {
-    if (d->stream == nullptr) {
-      LT_CUDA_CHECK(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));
-      if (issued == nullptr)
-        LT_CUDA_CHECK(cudaEventCreateWithFlags(&issued, cudaEventDisableTiming));
-    }
-    LT_CUDA_CHECK(cudaEventRecord(issued, MainStream()));
-    LT_CUDA_CHECK(cudaStreamWaitEvent(d->stream, issued, 0));
+    std::lock_guard<std::mutex> lock(mu);
+    if (fence == nullptr)
+      Die("SideCopies", "a copy beside the computation before any CopyFence", __FILE__, __LINE__);
+    LT_CUDA_CHECK(cudaSetDevice(device));
+    LT_CUDA_CHECK(cudaStreamWaitEvent(d->stream, fence, 0));
     if (bytes > 0) LT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, d->stream));
     // Copies done already need no event (a ticket not pending is a finished copy).
     for (auto it = pending.begin(); it != pending.end();) {
@@ -91,17 +104,30 @@ struct SideCopies {
     return d->last;
   }
   void Wait(uint64_t ticket) {
-    auto it = pending.find(ticket);
-    if (it == pending.end()) return;  // waited for already
-    LT_CUDA_CHECK(cudaEventSynchronize(it->second));
-    LT_CUDA_CHECK(cudaEventDestroy(it->second));
-    pending.erase(it);
-  }
-  void ComputeWaits(cudaStream_t compute) {
-    for (Direction* d : {&down, &up}) {
-      auto it = pending.find(d->last);
-      if (it != pending.end()) LT_CUDA_CHECK(cudaStreamWaitEvent(compute, it->second, 0));
+    cudaEvent_t e = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = pending.find(ticket);
+      if (it == pending.end()) return;  // waited for already
+      e = it->second;
+      pending.erase(it);
     }
+    LT_CUDA_CHECK(cudaEventSynchronize(e));
+    LT_CUDA_CHECK(cudaEventDestroy(e));
+  }
+  void ComputeWaits(cudaStream_t compute, uint64_t ticket) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = pending.find(ticket);
+    if (it != pending.end()) LT_CUDA_CHECK(cudaStreamWaitEvent(compute, it->second, 0));
+  }
+  void ComputeWaitsAll(cudaStream_t compute) {
+    uint64_t last[2];
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      last[0] = down.last;
+      last[1] = up.last;
+    }
+    for (uint64_t t : last) ComputeWaits(compute, t);
   }
 };
 
@@ -155,6 +181,7 @@ class CudaOps final : public Ops {
     cudaDeviceSynchronize();  // copies in flight may read it (destructor path: not checked)
     cudaFreeHost(p);
   }
+  void CopyFence() override { copies_.Fence(); }
   uint64_t CopyToHostAsync(void* host_dst, const void* src, size_t bytes) override {
     return copies_.Copy(&copies_.down, host_dst, src, bytes);
   }
@@ -162,7 +189,8 @@ class CudaOps final : public Ops {
     return copies_.Copy(&copies_.up, dst, host_src, bytes);
   }
   void WaitCopy(uint64_t ticket) override { copies_.Wait(ticket); }
-  void ComputeAfterCopies() override { copies_.ComputeWaits(stream()); }
+  void ComputeAfterCopy(uint64_t ticket) override { copies_.ComputeWaits(stream(), ticket); }
+  void ComputeAfterCopies() override { copies_.ComputeWaitsAll(stream()); }
   void Zero(float* p, size_t n) override {
     if (n > 0) LT_CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), stream()));
   }

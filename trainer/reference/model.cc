@@ -312,7 +312,9 @@ float ReferenceModel::Forward(int slot, const MicroBatch& mb, const float* input
     Notify([&](ModelEvents& e) { e.WeightsNeeded(static_cast<int>(l)); });
     LayerForward(s, static_cast<int>(l));
   }
-  return last_stage_ ? HeadForward(s) : 0.0f;
+  if (!last_stage_) return 0.0f;
+  Notify([](ModelEvents& e) { e.HeadWeightsNeeded(); });
+  return HeadForward(s);
 }
 
 const float* ReferenceModel::Output(int slot) const { return slots_[slot]->hidden[layers_.size()]; }

@@ -84,13 +84,18 @@ class Ops {
   // its kernels), zero-filled.
   virtual void* AllocPinned(size_t bytes) = 0;
   virtual void FreePinned(void* p) = 0;
-  // Copies between backend and pinned host memory beside the computation: each starts after the
-  // backend work issued before it, runs in issue order with the others of its direction, and
-  // returns a ticket the host waits on with WaitCopy. ComputeAfterCopies makes backend work
-  // issued later wait for every copy issued so far. The cpu backend copies at once.
+  // Copies between backend and pinned host memory beside the computation. CopyFence marks the
+  // backend work issued so far (by the thread that issues it); each copy starts after the work of
+  // the last fence, runs in issue order with the others of its direction, and returns a ticket
+  // the host waits on with WaitCopy. Copies may be issued from another thread than the
+  // computation's, while it goes on. ComputeAfterCopy makes backend work issued later wait for
+  // that copy (and those of its direction before it), ComputeAfterCopies for every copy issued so
+  // far. The cpu backend copies at once.
+  virtual void CopyFence() = 0;
   virtual uint64_t CopyToHostAsync(void* host_dst, const void* src, size_t bytes) = 0;
   virtual uint64_t CopyFromHostAsync(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void WaitCopy(uint64_t ticket) = 0;
+  virtual void ComputeAfterCopy(uint64_t ticket) = 0;
   virtual void ComputeAfterCopies() = 0;
   virtual void Zero(float* p, size_t n) = 0;
   virtual void Copy(float* dst, const float* src, size_t n) = 0;

@@ -44,6 +44,7 @@ class CpuOps final : public Ops {
   }
   void* AllocPinned(size_t bytes) override { return AllocBytes(bytes); }
   void FreePinned(void* p) override { FreeBytes(p); }
+  void CopyFence() override {}
   uint64_t CopyToHostAsync(void* host_dst, const void* src, size_t bytes) override {
     CopyToHost(host_dst, src, bytes);
     return 0;
@@ -53,6 +54,7 @@ class CpuOps final : public Ops {
     return 0;
   }
   void WaitCopy(uint64_t) override {}
+  void ComputeAfterCopy(uint64_t) override {}
   void ComputeAfterCopies() override {}
   void Zero(float* p, size_t n) override { std::memset(p, 0, n * sizeof(float)); }
   void Copy(float* dst, const float* src, size_t n) override {

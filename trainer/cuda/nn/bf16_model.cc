@@ -454,6 +454,7 @@ float Bf16Model::Forward(int slot, const MicroBatch& mb, const float* input) {
       Notify([&](ModelEvents& e) { e.WeightsNeeded(l + 1); });
       layers_[l + 1].NormInput(s.acts[l].mid, mlp, s.x[l + 1], s.acts[l + 1], drop);
     } else if (last_stage_) {
+      Notify([](ModelEvents& e) { e.HeadWeightsNeeded(); });
       bf16* out = sp ? lnf_full_ : s.lnf;
       final_norm_->Forward(s.acts[l].mid, mlp, s.x[l + 1], tp_->LocalRows(out), s.lnf_stats, drop,
                            out);
@@ -463,9 +464,11 @@ float Bf16Model::Forward(int slot, const MicroBatch& mb, const float* input) {
   }
   if (!last_stage_) return 0.0f;
   bf16* lnf = sp ? lnf_full_ : s.lnf;
-  if (num_layers == 0)
+  if (num_layers == 0) {
+    Notify([](ModelEvents& e) { e.HeadWeightsNeeded(); });
     final_norm_->Forward(nullptr, {s.x[0], nullptr}, nullptr, tp_->LocalRows(lnf), s.lnf_stats,
                          Drop(s, -1, 0), lnf);
+  }
   head_->Forward(lnf, s.labels, s.losses, s.grad_scale, sp ? dlnf_full_ : s.dlnf, s.dlnf);
   return 0.0f;
 }
