@@ -32,34 +32,42 @@ def every(args, flag, value):
     return out
 
 
-@pytest.mark.parametrize("arch", [[], LLAMA, FP8], ids=["gpt2", "llama", "fp8"])
-def test_offloaded_step_is_bitwise_the_gpu_one(dataset, tmp_path, arch):
+HALF = ["--optimizer-offload-fraction", "0.5"]
+
+
+@pytest.mark.parametrize("arch,fraction", [([], []), (LLAMA, []), (FP8, []), ([], HALF),
+                                           (LLAMA, HALF)],
+                         ids=["gpt2", "llama", "fp8", "gpt2-half", "llama-half"])
+def test_offloaded_step_is_bitwise_the_gpu_one(dataset, tmp_path, arch, fraction):
     """Every logged number and every saved tensor (weights and moments) equal to the GPU
     optimizer's, with dropout, clipping and weight decay on. The host steps beside the next
     forward, which waits layer by layer; evaluations (forwards between two steps) and two
-    micro-batches a step go through the same waits. FP8 layers cast the uploaded weights."""
+    micro-batches a step go through the same waits. FP8 layers cast the uploaded weights. With
+    half the parameters offloaded the GPU steps the first layers while the host steps the rest."""
     args = every(common(dataset, 12), "--eval-interval", 4) + [
         "--bf16", "--deterministic-mode", "--hidden-dropout", "0.1", "--weight-decay", "0.1",
         "--clip-grad", "0.5"] + arch
     gpu = run_train(args + ["--save", tmp_path / "gpu"])
-    host = run_train(args + OFFLOAD + ["--save", tmp_path / "host"])
+    host = run_train(args + OFFLOAD + fraction + ["--save", tmp_path / "host"])
     g, h = parse_log(gpu.stdout), parse_log(host.stdout)
     assert sorted(h[0]) == list(range(1, 13))
     assert sorted(h[1]) == [4, 8, 12]
     assert h == g
     assert files(tmp_path / "gpu", 12) == files(tmp_path / "host", 12)
-    assert re.search(r"optimizer on the host \(\d+ threads\).*beside the next forward, which "
-                     r"waited [\d.]+ ms for it", host.stdout), host.stdout[-2000:]
+    assert re.search(r"optimizer on the host \(\d+ threads\).*beside the next forward, whose "
+                     r"issuing waited [\d.]+ ms for it", host.stdout), host.stdout[-2000:]
 
 
-def test_offload_resumes_gpu_checkpoints_and_back(dataset, tmp_path):
+@pytest.mark.parametrize("fraction", [[], HALF], ids=["whole", "half"])
+def test_offload_resumes_gpu_checkpoints_and_back(dataset, tmp_path, fraction):
     """GPU optimizer to 10, offloaded from 10 to 15, GPU again to 20: the straight run's numbers
-    and final checkpoint, bit for bit."""
+    and final checkpoint, bit for bit (with half offloaded, the moments and weights load into
+    and save from both places)."""
     args = common(dataset, 20) + ["--bf16", "--deterministic-mode", "--hidden-dropout", "0.1"]
     straight = parse_log(run_train(args + ["--save", tmp_path / "a"]).stdout)[0]
     run_train(args + ["--save", tmp_path / "b", "--exit-interval", "10"])
-    mid = parse_log(run_train(args + OFFLOAD + ["--load", tmp_path / "b", "--save",
-                                                tmp_path / "b", "--exit-interval", "15"]).stdout)[0]
+    mid = parse_log(run_train(args + OFFLOAD + fraction + [
+        "--load", tmp_path / "b", "--save", tmp_path / "b", "--exit-interval", "15"]).stdout)[0]
     end = parse_log(run_train(args + ["--load", tmp_path / "b", "--save", tmp_path / "b"]).stdout)[0]
     for it in range(11, 16):
         assert mid[it] == straight[it]

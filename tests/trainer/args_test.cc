@@ -55,6 +55,13 @@ TEST(ArgsTest, InconsistentSettingsAreRefusedWithOneLine) {
 #ifdef LEANTRON_HAVE_CUDA
   EXPECT_TRUE(Check({"--bf16", "--optimizer-cpu-offload"}, 2).ok());
   EXPECT_TRUE(Check({"--bf16", "--optimizer-cpu-offload", "--use-distributed-optimizer"}, 1).ok());
+  EXPECT_TRUE(
+      Check({"--bf16", "--optimizer-cpu-offload", "--optimizer-offload-fraction", "0.25"}, 1).ok());
+  EXPECT_EQ(msg(Check({"--bf16", "--optimizer-offload-fraction", "0.5"}, 1)),
+            "--optimizer-offload-fraction needs --optimizer-cpu-offload");
+  EXPECT_EQ(msg(Check({"--bf16", "--optimizer-cpu-offload", "--optimizer-offload-fraction", "0"},
+                      1)),
+            "--optimizer-offload-fraction must be in (0, 1], not 0");
   EXPECT_EQ(msg(Check({"--bf16", "--optimizer-cpu-offload", "--use-distributed-optimizer"}, 2)),
             "--optimizer-cpu-offload with --use-distributed-optimizer is implemented for one "
             "data-parallel rank (DP x CP = 1), not 2: use plain data parallelism, where each rank "

@@ -569,6 +569,98 @@ TEST(OptimizerTest, OverlappedHostStepWaitsPerLayerAndMatchesTheSynchronousOne) 
   EXPECT_GE(over.host_waited_ms(), 0.0);
 }
 
+// --optimizer-offload-fraction below 1: the last tensors (at least the fraction of the elements)
+// on the host, the rest stepped by the backend at the same time. The split falls between tensors,
+// only the host's norms and embeddings have a mirror, and weights, bf16 copy and moments are the
+// backend optimizer's bit for bit, with the host's step beside the next forward.
+TEST(OptimizerTest, PartlyOffloadedStepMatchesTheBackendsBitForBit) {
+  const ckpt::ModelConfig config = TinyConfig(false);
+  auto layout = ckpt::ModelLayout::Create(config, {1, 1, 1});
+  ASSERT_TRUE(layout.ok());
+  auto ops = *CreateOps("cpu");
+  ProcessGroups groups = SingleProcessGroups();
+  ParamStore ref_params(ops.get(), *layout, 0, 0, false);
+  ParamStore part(ops.get(), *layout, 0, 0, false, MasterWeights::kHost, 0.5);
+  const size_t n = ref_params.size();
+  const size_t b = part.host_begin();
+  ASSERT_GT(b, 0u);
+  ASSERT_LT(b, n);
+  EXPECT_GE(2 * (n - b), n);  // at least half on the host
+  EXPECT_TRUE(part.offloaded());
+  EXPECT_FALSE(part.host_master());
+  EXPECT_EQ(part.data(), nullptr);
+  EXPECT_EQ(part.MasterRunEnd(0), b);
+  EXPECT_EQ(part.MasterRunEnd(b), n);
+  bool boundary = false;
+  size_t mirrored = 0;
+  for (const ParamView& v : part.views()) {
+    boundary = boundary || v.offset == b;
+    EXPECT_TRUE(v.offset + v.numel <= b || v.offset >= b) << v.name;
+    const bool mirror = v.offset >= b && Bf16ModelReadsFp32(v.name);
+    EXPECT_EQ(v.mirror != ParamView::kNoMirror, mirror) << v.name;
+    if (mirror) mirrored += v.numel;
+    if (v.offset < b && Bf16ModelReadsFp32(v.name)) {
+      EXPECT_EQ(part.Param(v.name), part.Master(v.offset)) << v.name;  // read where it is stepped
+    }
+  }
+  EXPECT_TRUE(boundary);
+  EXPECT_EQ(part.backend_elements(), b + mirrored);
+  ref_params.Initialize(3, 0.02);
+  part.Initialize(3, 0.02);
+  EXPECT_EQ(part.HostData(), ref_params.HostData());
+  std::vector<uint16_t> ref_low(n), part_low(n);
+  ref_params.set_bf16_copy(ref_low.data());
+  part.set_bf16_copy(part_low.data());
+
+  OptimizerOptions oo;
+  oo.weight_decay = 0.1f;
+  oo.clip_grad = 0.5f;
+  Optimizer ref(ops.get(), &ref_params, &groups, oo);
+  oo.cpu_offload = true;
+  oo.host_threads = 2;
+  oo.offload_piece = 53;
+  oo.overlap_host_step = true;
+  Optimizer host(ops.get(), &part, &groups, oo);
+  EXPECT_EQ(host.host_state_elements(), n - b);
+  HostStepWaits waits(&host, part, 0, config.num_layers);
+  for (int step = 0; step < 3; ++step) {
+    ref.ZeroGrad();
+    host.ZeroGrad();
+    waits.WeightsNeeded(-1);
+    waits.HeadWeightsNeeded();
+    for (size_t i = 0; i < n; ++i) {
+      const float g = static_cast<float>(std::cos(0.53 * static_cast<double>(i) + step)) * 0.02f;
+      ref_params.grad()[i] = g;
+      part.grad()[i] = g;
+    }
+    ref.FinalizeGrads();
+    host.FinalizeGrads();
+    const StepResult x = ref.Step(4e-3f), y = host.Step(4e-3f);
+    EXPECT_EQ(x.grad_norm, y.grad_norm);
+  }
+  host.FinishHostStep();
+  EXPECT_EQ(part.HostData(), ref_params.HostData());
+  EXPECT_EQ(part_low, ref_low);
+  for (const ParamView& v : part.views()) {
+    if (!Bf16ModelReadsFp32(v.name)) continue;
+    const float* got = part.Param(v.name);
+    for (size_t j = 0; j < v.numel; ++j)
+      ASSERT_EQ(got[j], ref_params.data()[v.offset + j]) << v.name << " " << j;
+  }
+  std::vector<float> rm, rv, hm, hv, am, av;
+  float *pm = nullptr, *pv = nullptr;
+  EXPECT_FALSE(host.HostState(&pm, &pv));  // in two places: through GatherState
+  ref.GatherState(&rm, &rv);
+  host.GatherState(&hm, &hv);
+  EXPECT_EQ(hm, rm);
+  EXPECT_EQ(hv, rv);
+  Optimizer fresh(ops.get(), &part, &groups, oo);
+  fresh.ScatterState(hm, hv);
+  fresh.GatherState(&am, &av);
+  EXPECT_EQ(am, rm);
+  EXPECT_EQ(av, rv);
+}
+
 // With the weights on the host the backend has fp32 copies of the norms and embeddings only:
 // asking for another tensor's is a programming error, stopped at once.
 TEST(OptimizerTest, HostMasterHasNoBackendCopyOfLinearWeights) {

@@ -75,6 +75,10 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
   app.add_flag("--optimizer-cpu-offload", a->optimizer_cpu_offload,
                "bf16 model: keep the fp32 weights and Adam moments in host memory and step them "
                "there (the GPU holds the bf16 weights and the gradients)");
+  app.add_option("--optimizer-offload-fraction", a->optimizer_offload_fraction,
+                 "With --optimizer-cpu-offload: the share of the parameters (the last tensors, "
+                 "rounded up to whole ones) whose optimizer runs on the host; the GPU steps the "
+                 "others, at the same time");
   app.add_option("--nproc-per-node", a->nproc_per_node,
                  "Start this many local ranks (one process each) and wait for them");
   app.add_option("--distributed-timeout-minutes", a->distributed_timeout_minutes,
@@ -488,6 +492,11 @@ absl::Status ValidateTrainArgs(TrainArgs* a) {
   if (a->bf16 && a->backend != "cuda") return bad("--bf16 needs --ops-backend cuda");
 
   if (a->grad_reduce_in_bf16 && !a->bf16) return bad("--grad-reduce-in-bf16 needs --bf16");
+  if (!(a->optimizer_offload_fraction > 0.0 && a->optimizer_offload_fraction <= 1.0))
+    return bad("--optimizer-offload-fraction must be in (0, 1], not ",
+               a->optimizer_offload_fraction);
+  if (a->optimizer_offload_fraction != 1.0 && !a->optimizer_cpu_offload)
+    return bad("--optimizer-offload-fraction needs --optimizer-cpu-offload");
   if (a->optimizer_cpu_offload) {
     if (!a->bf16)
       return bad(

@@ -54,9 +54,11 @@ struct TrainArgs {
   // Megatron-Core's uneven split: layers of the first / last pipeline stage (unset: even split).
   std::optional<int64_t> decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers;
   bool sequence_parallel = false, use_distributed_optimizer = false;
-  // Megatron's --optimizer-cpu-offload (with its default --optimizer-offload-fraction 1.0): the
-  // fp32 weights, the Adam moments and the step on the host.
+  // Megatron's --optimizer-cpu-offload: the fp32 weights, the Adam moments and the step on the
+  // host, for --optimizer-offload-fraction of the parameters (the last tensors; the GPU steps
+  // the others).
   bool optimizer_cpu_offload = false;
+  double optimizer_offload_fraction = 1.0;
   int nproc_per_node = 0;
   // Communication timeouts: an operation making no progress, the rendezvous, a silent peer.
   double distributed_timeout_minutes = 10.0;

@@ -73,7 +73,7 @@ void HostAdamW::Start(const std::vector<AdamRange>& ranges, const AdamWConstants
     ranges_ = ranges;
     decay_ = decay;
     no_decay_ = no_decay;
-    uploaded_to_ = 0;
+    uploaded_to_ = ranges.empty() ? 0 : ranges.front().begin;  // the backend steps the rest
     upload_ticket_ = 0;
     pending_ = running_ = active_ = true;
   }
@@ -166,7 +166,6 @@ void HostAdamW::Run() {
     r = q;
   }
   const size_t grain = std::clamp<size_t>(piece_ / (4 * workers_.threads()), 1, size_t{1} << 16);
-  float* const master = params_->data();
   const float* const grad = params_->grad();
   uint16_t* const low = params_->bf16_copy();
   uint64_t down[2] = {0, 0}, up[2] = {0, 0};
@@ -184,7 +183,7 @@ void HostAdamW::Run() {
     if (up_pending[slot]) ops_->WaitCopy(up[slot]);  // its bf16 stage is free again
     const float* g = grad_stage_ + slot * piece_;
     uint16_t* out = bf16_stage_ + slot * piece_;
-    float* w = master + p.begin;
+    float* w = params_->Master(p.begin);  // the host's part is one run
     float* m = exp_avg_.data() + p.state;
     float* v = exp_avg_sq_.data() + p.state;
     const auto begin = Clock::now();

@@ -40,15 +40,16 @@ class HostAdamW {
 
   float* exp_avg() { return exp_avg_.data(); }
   float* exp_avg_sq() { return exp_avg_sq_.data(); }
-  // Starts one step over `ranges` (in flat order, covering [0, size) of the buffers with no gap)
+  // Starts one step over `ranges` (in flat order, covering [begin, size) of the buffers with no
+  // gap: the host's part, ParamStore::host_begin(); their moments from 0)
   // with the decaying and non-decaying constants, after the backend work issued so far (the
   // gradients' computation, the last reads of the bf16 copy), and returns at once. The previous
   // step must be finished.
   void Start(const std::vector<AdamRange>& ranges, const AdamWConstants& decay,
              const AdamWConstants& no_decay);
-  // Makes backend work issued later wait for the new weights in [0, end) of the buffers: blocks
-  // the calling thread until the step has queued their uploads. Nothing to do when no step is
-  // active (started and not finished).
+  // Makes backend work issued later wait for the new weights in [0, end) of the buffers (those
+  // before the host's part are not its to wait for): blocks the calling thread until the step has
+  // queued their uploads. Nothing to do when no step is active (started and not finished).
   void WaitUploaded(size_t end);
   // Blocks until the step started last has stepped everything and queued every upload, and
   // makes backend work issued later wait for them; false when every step was finished already.

@@ -134,8 +134,9 @@ absl::StatusOr<TrainingModel> BuildTrainingModel(const TrainArgs& args, ProcessG
                                : args.bf16 && args.use_distributed_optimizer && dp_cp.size() > 1
                                    ? MasterWeights::kSharded
                                    : MasterWeights::kWhole;
-  m.params = std::make_unique<ParamStore>(m.ops.get(), *m.layout, g.coords.tp, g.coords.pp,
-                                          args.sequence_parallel, master);
+  m.params =
+      std::make_unique<ParamStore>(m.ops.get(), *m.layout, g.coords.tp, g.coords.pp,
+                                   args.sequence_parallel, master, args.optimizer_offload_fraction);
   // Data-parallel buckets, per model chunk: the reducer reduces (and gathers) its chunk's, the
   // optimizer owns a part of each of them with the distributed optimizer.
   const int vpp = args.virtual_pipeline_size();

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 
 #include "trainer/core/adamw.h"
 
@@ -52,20 +53,22 @@ Optimizer::Optimizer(Ops* ops, ParamStore* params, ProcessGroups* groups,
       std::abort();
     }
   }
+  // The moments of [0, host_begin) on the backend, of the rest (offloaded) on the host; with one
+  // owner of everything (offloading) both in the flat order.
+  host_begin_ = state_elements_;
   if (opt_.cpu_offload) {
-    // One owner of everything, so the moments are in the flat order (HostState relies on it).
-    if (sharded() || !params_->host_master()) {
+    if (sharded() || !params_->offloaded()) {
       std::fprintf(stderr,
                    "Optimizer: the offloaded step needs the weights on the host and one owner\n");
       std::abort();
     }
-    host_ = std::make_unique<HostAdamW>(params_, state_elements_, opt_.host_threads,
+    host_begin_ = params_->host_begin();
+    host_ = std::make_unique<HostAdamW>(params_, state_elements_ - host_begin_, opt_.host_threads,
                                         opt_.offload_piece);
-    exp_avg_ = host_->exp_avg();
-    exp_avg_sq_ = host_->exp_avg_sq();
-  } else {
-    exp_avg_ = ops_->Alloc(state_elements_);
-    exp_avg_sq_ = ops_->Alloc(state_elements_);
+  }
+  if (host_begin_ > 0) {
+    exp_avg_ = ops_->Alloc(host_begin_);
+    exp_avg_sq_ = ops_->Alloc(host_begin_);
   }
   // Adjacent pieces with the same treatment merge into one range: a few long kernels (and, for
   // the norm, a few device-to-host reads) per step instead of one per tensor.
@@ -93,11 +96,20 @@ Optimizer::Optimizer(Ops* ops, ParamStore* params, ProcessGroups* groups,
       }
     }
   }
+  // The host steps the ranges from host_begin_ on (MasterRunEnd cuts them there), with its
+  // moments counted from there.
+  if (host_ != nullptr) {
+    auto first_host = std::find_if(adam_ranges_.begin(), adam_ranges_.end(),
+                                   [&](const AdamRange& r) { return r.begin >= host_begin_; });
+    for (auto it = first_host; it != adam_ranges_.end(); ++it)
+      host_ranges_.push_back({it->begin, it->end, it->state - host_begin_, it->decay});
+    adam_ranges_.erase(first_host, adam_ranges_.end());
+  }
 }
 
 Optimizer::~Optimizer() {
   FinishHostStep();
-  if (host_ != nullptr) return;
+  if (exp_avg_ == nullptr) return;
   ops_->Free(exp_avg_);
   ops_->Free(exp_avg_sq_);
 }
@@ -180,19 +192,12 @@ StepResult Optimizer::Step(float lr) {
   }
   ++step_;
   for (StepCopies* c : step_copies_) c->WeightsWillStep();
-  if (host_ != nullptr) {
-    const AdamWConstants decay = MakeAdamWConstants(lr, opt_.beta1, opt_.beta2, opt_.eps,
-                                                    opt_.weight_decay, step_, grad_scale);
-    const AdamWConstants no_decay =
-        MakeAdamWConstants(lr, opt_.beta1, opt_.beta2, opt_.eps, 0.0f, step_, grad_scale);
-    if (opt_.overlap_host_step) {
-      host_->Start(adam_ranges_, decay, no_decay);
-    } else {
-      host_->Step(adam_ranges_, decay, no_decay);
-    }
-    params_->WeightsStepped();
-    return result;
-  }
+  // The host's part first, so that it steps while the backend steps the rest.
+  if (host_ != nullptr)
+    host_->Start(host_ranges_,
+                 MakeAdamWConstants(lr, opt_.beta1, opt_.beta2, opt_.eps, opt_.weight_decay, step_,
+                                    grad_scale),
+                 MakeAdamWConstants(lr, opt_.beta1, opt_.beta2, opt_.eps, 0.0f, step_, grad_scale));
   uint16_t* low = params_->bf16_copy();
   for (const AdamRange& r : adam_ranges_) {
     const float decay = r.decay ? opt_.weight_decay : 0.0f;
@@ -218,6 +223,7 @@ StepResult Optimizer::Step(float lr) {
     }
     plain(r.end);
   }
+  if (host_ != nullptr && !opt_.overlap_host_step) host_->Finish();
   params_->WeightsStepped();
   if (sharded()) {
     // The gradient reducer gathers the other parts before the next forward. With the fp32
@@ -316,8 +322,13 @@ void Optimizer::GatherState(std::vector<float>* exp_avg, std::vector<float>* exp
   exp_avg->assign(n, 0.0f);
   exp_avg_sq->assign(n, 0.0f);
   if (host_ != nullptr) {
-    std::memcpy(exp_avg->data(), exp_avg_, n * sizeof(float));
-    std::memcpy(exp_avg_sq->data(), exp_avg_sq_, n * sizeof(float));
+    const size_t b = host_begin_;
+    if (b > 0) {
+      ops_->CopyToHost(exp_avg->data(), exp_avg_, b * sizeof(float));
+      ops_->CopyToHost(exp_avg_sq->data(), exp_avg_sq_, b * sizeof(float));
+    }
+    std::memcpy(exp_avg->data() + b, host_->exp_avg(), (n - b) * sizeof(float));
+    std::memcpy(exp_avg_sq->data() + b, host_->exp_avg_sq(), (n - b) * sizeof(float));
     return;
   }
   if (!sharded()) {
@@ -347,22 +358,27 @@ void Optimizer::GatherState(std::vector<float>* exp_avg, std::vector<float>* exp
 
 bool Optimizer::HostState(float** exp_avg, float** exp_avg_sq) {
   FinishHostStep();
-  if (host_ == nullptr) return false;
-  *exp_avg = exp_avg_;
-  *exp_avg_sq = exp_avg_sq_;
+  if (host_ == nullptr || host_begin_ > 0) return false;
+  *exp_avg = host_->exp_avg();
+  *exp_avg_sq = host_->exp_avg_sq();
   return true;
 }
 
 void Optimizer::ScatterState(const std::vector<float>& exp_avg,
                              const std::vector<float>& exp_avg_sq) {
   FinishHostStep();
+  if (host_ != nullptr) {  // one owner: [0, host_begin_) on the backend, the rest here
+    const size_t b = host_begin_, rest = (params_->size() - b) * sizeof(float);
+    if (b > 0) {
+      ops_->CopyFromHost(exp_avg_, exp_avg.data(), b * sizeof(float));
+      ops_->CopyFromHost(exp_avg_sq_, exp_avg_sq.data(), b * sizeof(float));
+    }
+    std::memcpy(host_->exp_avg(), exp_avg.data() + b, rest);
+    std::memcpy(host_->exp_avg_sq(), exp_avg_sq.data() + b, rest);
+    return;
+  }
   for (const Owned& o : owned_) {
     const size_t bytes = (o.end - o.begin) * sizeof(float);
-    if (host_ != nullptr) {
-      std::memcpy(exp_avg_ + o.state, exp_avg.data() + o.begin, bytes);
-      std::memcpy(exp_avg_sq_ + o.state, exp_avg_sq.data() + o.begin, bytes);
-      continue;
-    }
     ops_->CopyFromHost(exp_avg_ + o.state, exp_avg.data() + o.begin, bytes);
     ops_->CopyFromHost(exp_avg_sq_ + o.state, exp_avg_sq.data() + o.begin, bytes);
   }

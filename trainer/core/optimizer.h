@@ -41,8 +41,9 @@ struct OptimizerOptions {
   // Elements of the flat order GatherState assembles at a time (64 MiB of floats).
   size_t gather_window = size_t{16} << 20;
   // --optimizer-cpu-offload: the moments and the step on the host (HostAdamW), over a ParamStore
-  // with its master weights on the host, with `host_threads` threads. Not with the distributed
-  // optimizer's parts (DP × CP > 1).
+  // with its master weights on the host (kHost; with --optimizer-offload-fraction below 1 those
+  // from its host_begin() on, the backend stepping the rest), with `host_threads` threads. Not
+  // with the distributed optimizer's parts (DP × CP > 1).
   bool cpu_offload = false;
   int host_threads = 1;
   // The offloaded step runs beside what the caller issues next (the next forward): Step returns
@@ -81,6 +82,8 @@ class Optimizer {
 
   int64_t step() const { return step_; }
   size_t state_elements() const { return state_elements_; }  // per Adam moment, on this rank
+  // Of them, those on the host (offloaded).
+  size_t host_state_elements() const { return host_ ? state_elements_ - host_begin_ : 0; }
   bool state_on_host() const { return host_ != nullptr; }
   int host_threads() const { return host_ ? host_->threads() : 0; }
   // Mean milliseconds per offloaded step: the whole of it, and the host threads' stepping.
@@ -126,11 +129,15 @@ class Optimizer {
   };
   std::vector<Owned> owned_;
   size_t state_elements_ = 0;
-  float* exp_avg_ = nullptr;  // backend memory, or HostAdamW's with cpu_offload
+  float* exp_avg_ = nullptr;  // backend memory (offloaded: [0, host_begin_) only; or none)
   float* exp_avg_sq_ = nullptr;
   std::unique_ptr<HostAdamW> host_;
   std::vector<std::pair<size_t, size_t>> norm_ranges_;  // counted in the gradient norm
-  std::vector<AdamRange> adam_ranges_;                  // the owned ranges, by weight decay
+  std::vector<AdamRange> adam_ranges_;  // the owned ranges the backend steps, by weight decay
+  std::vector<AdamRange> host_ranges_;  // those the host steps (offloaded), moments from 0
+  // The moments on the backend: [0, host_begin_) of the flat order where the host steps the
+  // rest (offloaded), else all state_elements_.
+  size_t host_begin_ = 0;
   // Weights inside one adam range whose update a StepCopies writes, sorted by `begin`.
   struct Copied {
     size_t begin, end;

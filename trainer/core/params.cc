@@ -55,7 +55,7 @@ bool Bf16ModelReadsFp32(const std::string& name) {
 }
 
 ParamStore::ParamStore(Ops* ops, const ckpt::ModelLayout& layout, int tp_rank, int pp_rank,
-                       bool sequence_parallel, MasterWeights master)
+                       bool sequence_parallel, MasterWeights master, double host_fraction)
     : ops_(ops), layout_(layout), tp_rank_(tp_rank), master_place_(master) {
   for (const ckpt::ParamSpec* spec : layout.StageParams(pp_rank)) {
     ParamView v;
@@ -69,18 +69,29 @@ ParamStore::ParamStore(Ops* ops, const ckpt::ModelLayout& layout, int tp_rank, i
     v.count_in_norm = spec->tied_to.empty() && (!replicated || tp_rank == 0);
     v.tp_partial_grad = sequence_parallel && replicated && layout.parallel().tp > 1;
     size_ += v.numel;
-    if (master_place_ != MasterWeights::kWhole && Bf16ModelReadsFp32(v.name)) {
+    views_.push_back(std::move(v));
+  }
+  if (master_place_ == MasterWeights::kHost) {
+    // The last tensors, at least the fraction of the elements.
+    const double want = std::clamp(host_fraction, 0.0, 1.0) * static_cast<double>(size_);
+    host_begin_ = size_;
+    for (auto it = views_.rbegin(); it != views_.rend() && size_ - host_begin_ < want; ++it)
+      host_begin_ = it->offset;
+  }
+  for (ParamView& v : views_) {
+    if (master_place_ != MasterWeights::kWhole && v.offset >= host_begin_ &&
+        Bf16ModelReadsFp32(v.name)) {
       v.mirror = mirror_size_;
       mirror_size_ += v.numel;
     }
-    views_.push_back(std::move(v));
   }
   switch (master_place_) {
     case MasterWeights::kWhole:
       master_ = ops_->Alloc(size_);
       break;
     case MasterWeights::kHost:
-      master_ = static_cast<float*>(ops_->AllocPinned(size_ * sizeof(float)));
+      master_ = static_cast<float*>(ops_->AllocPinned((size_ - host_begin_) * sizeof(float)));
+      if (host_begin_ > 0) device_master_ = ops_->Alloc(host_begin_);
       mirror_ = ops_->Alloc(mirror_size_);
       break;
     case MasterWeights::kSharded:  // the shard itself once SetShard says which it is
@@ -98,6 +109,7 @@ ParamStore::~ParamStore() {
   } else if (master_ != nullptr) {
     ops_->Free(master_);
   }
+  if (device_master_ != nullptr) ops_->Free(device_master_);
   if (mirror_ != nullptr) ops_->Free(mirror_);
   if (own_bf16_ != nullptr) ops_->Free(own_bf16_);
   ops_->Free(grad_);
@@ -154,7 +166,7 @@ size_t ParamStore::backend_elements() const {
     case MasterWeights::kWhole:
       return size_;
     case MasterWeights::kHost:
-      return mirror_size_;
+      return host_begin_ + mirror_size_;
     case MasterWeights::kSharded:
       return shard_size_ + mirror_size_;
   }
@@ -174,6 +186,8 @@ const ParamStore::Run* ParamStore::RunOf(size_t flat) const {
 }
 
 float* ParamStore::Master(size_t flat) {
+  if (offloaded())
+    return flat < host_begin_ ? device_master_ + flat : master_ + (flat - host_begin_);
   if (!sharded()) return master_ + flat;
   const Run* r = RunOf(flat);
   if (r == nullptr) {
@@ -184,6 +198,7 @@ float* ParamStore::Master(size_t flat) {
 }
 
 size_t ParamStore::MasterRunEnd(size_t flat) const {
+  if (offloaded() && flat < host_begin_) return host_begin_;
   if (!sharded()) return size_;
   const Run* r = RunOf(flat);
   return r == nullptr ? flat : r->end;
@@ -193,6 +208,7 @@ float* ParamStore::Param(const std::string& name) {
   const ParamView* v = Find(name);
   if (v == nullptr) return nullptr;
   if (master_place_ == MasterWeights::kWhole) return master_ + v->offset;
+  if (offloaded() && v->offset < host_begin_) return device_master_ + v->offset;
   if (v->mirror == ParamView::kNoMirror) {
     std::fprintf(stderr,
                  "ParamStore: %s has no fp32 copy on the backend with the weights on the host or "
@@ -216,12 +232,12 @@ float* ParamStore::MirrorAt(size_t flat) const {
 
 uint64_t ParamStore::RefreshMirror(size_t begin, size_t end) {
   uint64_t ticket = 0;
-  if (!host_master()) return ticket;
+  if (!offloaded()) return ticket;
   for (const ParamView& v : views_) {
-    if (v.mirror == ParamView::kNoMirror) continue;
+    if (v.mirror == ParamView::kNoMirror) continue;  // every mirrored tensor is on the host
     const size_t b = std::max(begin, v.offset), e = std::min(end, v.offset + v.numel);
     if (b < e)
-      ticket = ops_->CopyFromHostAsync(mirror_ + v.mirror + (b - v.offset), master_ + b,
+      ticket = ops_->CopyFromHostAsync(mirror_ + v.mirror + (b - v.offset), Master(b),
                                        (e - b) * sizeof(float));
   }
   return ticket;
@@ -233,8 +249,9 @@ std::vector<float> ParamStore::HostData() const {
     std::abort();
   }
   std::vector<float> host(size_);
-  if (host_master()) {
-    std::memcpy(host.data(), master_, size_ * sizeof(float));
+  if (offloaded()) {
+    ops_->CopyToHost(host.data(), device_master_, host_begin_ * sizeof(float));
+    std::memcpy(host.data() + host_begin_, master_, (size_ - host_begin_) * sizeof(float));
   } else {
     ops_->CopyToHost(host.data(), master_, size_ * sizeof(float));
   }
@@ -247,7 +264,12 @@ void ParamStore::Write(const ParamView& view, const float* host) {
     case MasterWeights::kWhole:
       return ops_->CopyFromHost(master_ + view.offset, host, bytes);
     case MasterWeights::kHost:
-      if (host != master_ + view.offset) std::memcpy(master_ + view.offset, host, bytes);
+      // The split between the two places falls between tensors.
+      if (view.offset < host_begin_) {
+        ops_->CopyFromHost(device_master_ + view.offset, host, bytes);
+      } else if (host != Master(view.offset)) {
+        std::memcpy(Master(view.offset), host, bytes);
+      }
       break;
     case MasterWeights::kSharded: {
       if (master_ == nullptr) {

@@ -40,9 +40,11 @@ bool Bf16ModelReadsFp32(const std::string& name);
 
 // Where the fp32 main weights live.
 //   kWhole: all of them in backend memory.
-//   kHost (--optimizer-cpu-offload): all of them in pinned host memory, where the optimizer steps
-//     them; the backend keeps an fp32 mirror of only the tensors the bf16 model reads in fp32
-//     (Bf16ModelReadsFp32), besides the bf16 copy and the fp32 gradients.
+//   kHost (--optimizer-cpu-offload): all of them, or with --optimizer-offload-fraction below 1
+//     the tensors from host_begin() on (the last ones of the flat order, the fraction of the
+//     elements rounded up to whole tensors), in pinned host memory, where the optimizer steps
+//     them; the backend keeps the others and an fp32 mirror of only the host's tensors the bf16
+//     model reads in fp32 (Bf16ModelReadsFp32), besides the bf16 copy and the fp32 gradients.
 //   kSharded (the distributed optimizer of the bf16 model, as Megatron's): only the flat ranges
 //     this rank steps (SetShard), in backend memory, but for the same mirror, whole (the norms
 //     and embeddings this rank steps are stepped there, where the model reads them); and the
@@ -53,8 +55,10 @@ enum class MasterWeights { kWhole, kHost, kSharded };
 
 class ParamStore {
  public:
+  // `host_fraction` (kHost): the share of the elements whose fp32 weights live on the host.
   ParamStore(Ops* ops, const ckpt::ModelLayout& layout, int tp_rank, int pp_rank,
-             bool sequence_parallel, MasterWeights master = MasterWeights::kWhole);
+             bool sequence_parallel, MasterWeights master = MasterWeights::kWhole,
+             double host_fraction = 1.0);
   ~ParamStore();
   ParamStore(const ParamStore&) = delete;
   ParamStore& operator=(const ParamStore&) = delete;
@@ -68,29 +72,35 @@ class ParamStore {
   // output-side linears, ones/zeros for norms, zeros for biases.
   void Initialize(uint64_t seed, double init_std);
 
-  // The fp32 weights in the flat order: backend memory, or pinned host memory with kHost; null
-  // with kSharded (no rank holds them whole: Master, Optimizer::GatherMaster).
-  float* data() { return sharded() ? nullptr : master_; }
+  // The fp32 weights in the flat order: backend memory, or pinned host memory with kHost (all of
+  // them there); null when they are in two places (kHost with a part on the backend) or with
+  // kSharded (no rank holds them whole: Master, Optimizer::GatherMaster).
+  float* data() { return sharded() || host_begin_ > 0 ? nullptr : master_; }
   // The fp32 weight at flat index `flat` and those after it up to MasterRunEnd(flat) (every
   // index with kWhole and kHost; with kSharded only those in the shard, else it aborts).
   float* Master(size_t flat);
   // Where the run of fp32 weights contiguous in memory from `flat` on ends: size(), but with
-  // kSharded at the edges of the shard's ranges and of the mirrored tensors in them.
+  // kHost at host_begin() and with kSharded at the edges of the shard's ranges and of the
+  // mirrored tensors in them.
   size_t MasterRunEnd(size_t flat) const;
   float* grad() { return grad_; }
   size_t size() const { return size_; }
   MasterWeights master() const { return master_place_; }
-  bool host_master() const { return master_place_ == MasterWeights::kHost; }
+  // kHost: the optimizer steps [host_begin(), size()) on the host, the rest on the backend.
+  bool offloaded() const { return master_place_ == MasterWeights::kHost; }
+  size_t host_begin() const { return offloaded() ? host_begin_ : size_; }
+  // Every fp32 weight in pinned host memory, data() in the flat order.
+  bool host_master() const { return offloaded() && host_begin_ == 0; }
   bool sharded() const { return master_place_ == MasterWeights::kSharded; }
   const std::vector<std::pair<size_t, size_t>>& shard() const { return shard_; }
-  // fp32 elements the backend holds for the weights: all of them; the mirror (kHost); the shard
-  // outside the mirror, and the mirror (kSharded).
+  // fp32 elements the backend holds for the weights: all of them; the part before host_begin()
+  // and the mirror (kHost); the shard outside the mirror, and the mirror (kSharded).
   size_t backend_elements() const;
   const std::vector<ParamView>& views() const { return views_; }
   const ParamView* Find(const std::string& name) const;
   // The fp32 weights the model computes with (backend memory); nullptr when this rank does not
-  // hold the tensor. With kHost and kSharded only mirrored tensors have them (asking for another
-  // aborts).
+  // hold the tensor. With kHost and kSharded only mirrored tensors (and with kHost those before
+  // host_begin()) have them (asking for another aborts).
   float* Param(const std::string& name);
   // Where the mirror holds flat index `flat` (kHost, kSharded), or null when it does not.
   float* MirrorAt(size_t flat) const;
@@ -126,7 +136,10 @@ class ParamStore {
   int tp_rank_;
   MasterWeights master_place_;
   std::vector<ParamView> views_;
-  float* master_ = nullptr;  // the fp32 weights (backend or pinned host memory), or the shard's
+  float* master_ = nullptr;  // the fp32 weights (backend or pinned host memory), or the shard's;
+                             // with kHost those from host_begin_ on
+  float* device_master_ = nullptr;  // kHost: the fp32 weights before host_begin_ (backend)
+  size_t host_begin_ = 0;
   float* mirror_ = nullptr;  // kHost, kSharded: the mirrored tensors' fp32 copies, backend memory
   float* grad_ = nullptr;
   size_t size_ = 0, mirror_size_ = 0;

@@ -56,20 +56,24 @@ std::string MemoryLine(const TrainArgs& args, const TrainingModel& m, const Proc
     if (m.params->sharded()) acts += static_cast<int64_t>(m.params->size()) * 2;
     const int64_t params = static_cast<int64_t>(m.params->backend_elements()) * 4;
     const int64_t whole = static_cast<int64_t>(m.params->size()) * 4;  // every parameter in fp32
-    const int64_t adam = static_cast<int64_t>(m.optimizer->state_elements()) * 8;
+    const int64_t host_adam = static_cast<int64_t>(m.optimizer->host_state_elements()) * 8;
+    const int64_t adam = static_cast<int64_t>(m.optimizer->state_elements()) * 8 - host_adam;
+    const int64_t host_weights =
+        static_cast<int64_t>(m.params->size() - m.params->host_begin()) * 4;
     const bool host = m.optimizer->state_on_host();
     gpu = absl::StrFormat(
         " GPU in use: %d | of which %s %d, gradients %d, Adam state %d, bf16 "
         "weights, activations and workspaces %d |",
         cuda::DeviceMemoryInUse() >> 20,
-        host                  ? "fp32 norms and embeddings"
-        : m.params->sharded() ? "fp32 weights (this rank's part, norms and embeddings whole)"
-                              : "parameters",
-        params >> 20, whole >> 20, host ? 0 : adam >> 20, acts >> 20);
+        m.params->host_master() ? "fp32 norms and embeddings"
+        : host                  ? "fp32 weights (the GPU's part; norms and embeddings whole)"
+        : m.params->sharded()   ? "fp32 weights (this rank's part, norms and embeddings whole)"
+                                : "parameters",
+        params >> 20, whole >> 20, adam >> 20, acts >> 20);
     if (host) {
       absl::StrAppendFormat(&gpu,
                             " host (--optimizer-cpu-offload): fp32 weights %d, Adam state %d |",
-                            whole >> 20, adam >> 20);
+                            host_weights >> 20, host_adam >> 20);
     }
   }
 #endif
@@ -96,10 +100,16 @@ std::string RankReport(const TrainArgs& args, const TrainingModel& m, const Proc
   std::string weights = absl::StrFormat("fp32 weights %.1f MB", backend_mb);
   if (m.params->sharded()) {
     absl::StrAppend(&weights, " (its part; norms and embeddings whole)");
-  } else if (m.params->host_master()) {
-    weights =
-        absl::StrFormat("fp32 weights %.1f MB on the host (norms and embeddings %.1f MB here)",
-                        whole_mb, backend_mb);
+  } else if (m.params->offloaded()) {
+    const double host_mb = (m.params->size() - m.params->host_begin()) * 4.0 / (1 << 20);
+    weights = m.params->host_master()
+                  ? absl::StrFormat(
+                        "fp32 weights %.1f MB on the host (norms and embeddings %.1f MB here)",
+                        host_mb, backend_mb)
+                  : absl::StrFormat(
+                        "fp32 weights %.1f MB on the host, %.1f MB here (with norms and "
+                        "embeddings)",
+                        host_mb, backend_mb);
   }
   // Gloo calls are timed on the host; on GPUs the split comes from device events (below).
   const std::string comm =
@@ -115,7 +125,12 @@ std::string RankReport(const TrainArgs& args, const TrainingModel& m, const Proc
       "state %.1f MB%s | peak resident %d MB | %s\n",
       g.world_rank, g.coords.tp, g.coords.pp, g.coords.dp,
       g.sizes.cp > 1 ? absl::StrFormat(" cp %d", g.coords.cp) : "", layers, m.params->size(),
-      weights, whole_mb, adam_mb, m.optimizer->state_on_host() ? " on the host" : "",
+      weights, whole_mb, adam_mb,
+      !m.optimizer->state_on_host() ? std::string()
+      : m.params->host_master()
+          ? std::string(" on the host")
+          : absl::StrFormat(" (%.1f MB of it on the host)",
+                            m.optimizer->host_state_elements() * 8.0 / (1 << 20)),
       PeakResidentMiB(), comm);
   if (m.optimizer->state_on_host()) {
     absl::StrAppendFormat(
@@ -126,7 +141,7 @@ std::string RankReport(const TrainArgs& args, const TrainingModel& m, const Proc
         g.world_rank, m.optimizer->host_threads(), m.optimizer->host_step_ms(),
         m.optimizer->host_compute_ms(),
         m.optimizer->host_step_overlapped()
-            ? absl::StrFormat(", beside the next forward, which waited %.1f ms for it",
+            ? absl::StrFormat(", beside the next forward, whose issuing waited %.1f ms for it",
                               m.optimizer->host_waited_ms())
             : "");
   }

@@ -401,8 +401,14 @@ void Bf16Model::BeginStep() {
   // first chunk does it for all; weights on the host are pinned memory, which the kernel reads
   // across the bus); after optimizer steps AdamW has written it.
   if (params_->weights_version() != w16_version_) {
-    if (owns_w16_ && params_->weights_rewritten() > w16_version_)
-      ConvertFromFloat<bf16>(w16_, params_->data(), params_->size(), MainStream());
+    if (owns_w16_ && params_->weights_rewritten() > w16_version_) {
+      // The fp32 weights may lie in two places (offloaded in part): run by run.
+      for (size_t at = 0, n = params_->size(); at < n;) {
+        const size_t end = params_->MasterRunEnd(at);
+        ConvertFromFloat<bf16>(w16_ + at, params_->Master(at), end - at, MainStream());
+        at = end;
+      }
+    }
     w16_version_ = params_->weights_version();
   }
   // New weights the step did not announce (initialisation, loading): delayed scales move on once
