@@ -393,6 +393,21 @@ TEST(OptimizerTest, ShardedMasterHoldsOnlyItsShard) {
   EXPECT_NE(params.Param("decoder.layers.0.input_layernorm.weight"), nullptr);
 }
 
+// The same gradients g(i) in both stores, then each optimizer's FinalizeGrads and step.
+template <typename G>
+std::pair<StepResult, StepResult> StepBoth(Optimizer& a, ParamStore& pa, Optimizer& b,
+                                           ParamStore& pb, float lr, G g) {
+  for (size_t i = 0; i < pa.size(); ++i) {
+    const float x = g(static_cast<double>(i));
+    pa.grad()[i] = x;
+    pb.grad()[i] = x;
+  }
+  a.FinalizeGrads();
+  b.FinalizeGrads();
+  const StepResult ra = a.Step(lr);
+  return {ra, b.Step(lr)};
+}
+
 // --optimizer-cpu-offload: the weights in (pinned) host memory, the moments and the step on the
 // host threads, gradients brought down in pieces that cut tensors and ranges in the middle. Against
 // the backend's optimizer on the same gradients: the same weights, bf16 copy and moments bit for
@@ -432,14 +447,9 @@ TEST(OptimizerTest, OffloadedStepMatchesTheBackendsBitForBit) {
   for (int step = 0; step < 4; ++step) {
     ref.ZeroGrad();
     host.ZeroGrad();
-    for (size_t i = 0; i < n; ++i) {
-      const float g = static_cast<float>(std::sin(0.91 * static_cast<double>(i) + step)) * 0.03f;
-      ref_params.grad()[i] = g;
-      host_params.grad()[i] = g;
-    }
-    ref.FinalizeGrads();
-    host.FinalizeGrads();
-    const StepResult a = ref.Step(3e-3f), b = host.Step(3e-3f);
+    const auto [a, b] = StepBoth(ref, ref_params, host, host_params, 3e-3f, [&](double i) {
+      return static_cast<float>(std::sin(0.91 * i + step)) * 0.03f;
+    });
     ASSERT_FALSE(b.skipped);
     EXPECT_EQ(a.grad_norm, b.grad_norm);
   }
@@ -547,14 +557,9 @@ TEST(OptimizerTest, OverlappedHostStepWaitsPerLayerAndMatchesTheSynchronousOne) 
     waits.HeadWeightsNeeded();
     prefix_is_sync(n, "all");
     for (size_t i = 0; i < n; ++i) ASSERT_EQ(over_params.grad()[i], 0.0f) << "gradient " << i;
-    for (size_t i = 0; i < n; ++i) {
-      const float g = static_cast<float>(std::sin(0.37 * static_cast<double>(i) + step)) * 0.04f;
-      sync_params.grad()[i] = g;
-      over_params.grad()[i] = g;
-    }
-    sync.FinalizeGrads();
-    over.FinalizeGrads();
-    const StepResult a = sync.Step(2e-3f), b = over.Step(2e-3f);
+    const auto [a, b] = StepBoth(sync, sync_params, over, over_params, 2e-3f, [&](double i) {
+      return static_cast<float>(std::sin(0.37 * i + step)) * 0.04f;
+    });
     ASSERT_FALSE(b.skipped);
     EXPECT_EQ(a.grad_norm, b.grad_norm);
   }
@@ -628,14 +633,9 @@ TEST(OptimizerTest, PartlyOffloadedStepMatchesTheBackendsBitForBit) {
     host.ZeroGrad();
     waits.WeightsNeeded(-1);
     waits.HeadWeightsNeeded();
-    for (size_t i = 0; i < n; ++i) {
-      const float g = static_cast<float>(std::cos(0.53 * static_cast<double>(i) + step)) * 0.02f;
-      ref_params.grad()[i] = g;
-      part.grad()[i] = g;
-    }
-    ref.FinalizeGrads();
-    host.FinalizeGrads();
-    const StepResult x = ref.Step(4e-3f), y = host.Step(4e-3f);
+    const auto [x, y] = StepBoth(ref, ref_params, host, part, 4e-3f, [&](double i) {
+      return static_cast<float>(std::cos(0.53 * i + step)) * 0.02f;
+    });
     EXPECT_EQ(x.grad_norm, y.grad_norm);
   }
   host.FinishHostStep();
