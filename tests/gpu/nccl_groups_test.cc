@@ -61,6 +61,7 @@ int RunChecks(int rank, const ParallelSizes& sizes) {
     if (g.tp->size() > 1) CheckPeerExchange("tp", g.tp.get(), rank, c);
     if (g.world->size() > 1) CheckPeerExchange("world", g.world.get(), rank, c);
     if (g.dp->size() == 2) CheckGradReducer("dp", g.dp.get(), c);
+    if (g.dp->size() == 2) CheckShardedGradReducer("dp", g.dp.get(), c);
     g.world->Barrier();
     LT_CUDA_CHECK(cudaStreamSynchronize(user));
     LT_CUDA_CHECK(cudaStreamDestroy(user));

@@ -273,5 +273,6 @@ void CheckRing(const std::string& name, Communicator* comm, int world_rank, cuda
                Checker& c);
 void CheckPeerExchange(const std::string& name, Communicator* comm, int world_rank, Checker& c);
 void CheckGradReducer(const std::string& name, Communicator* comm, Checker& c);
+void CheckShardedGradReducer(const std::string& name, Communicator* comm, Checker& c);
 
 }  // namespace leantron::trainer::nccl_test

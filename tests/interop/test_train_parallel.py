@@ -1,5 +1,5 @@
 """Parallel equivalence (data, tensor, sequence, pipeline 1F1B, interleaved and uneven, distributed
-optimizer), as real separate processes over Gloo: training losses, validation losses
+optimizer, sharded gradients), as real separate processes over Gloo: training losses, validation losses
 and final weights of (TP, PP, DP) = (1, 1, 1) equal those of every implemented layout to float32
 tolerance, over 20 iterations with gradient accumulation and dropout on, on a real small dataset."""
 import numpy as np
@@ -58,6 +58,15 @@ LAYOUTS = {
                                 "--pipeline-model-parallel-size", "2", "--sequence-parallel",
                                 "--use-distributed-optimizer"]),
 }
+# ZeRO-2: the gradients sharded too, one layer per bucket (4 layer buckets taking turns in 2
+# slots), with the tied embedding summed over the stages and SP's norms over TP.
+ZERO2 = ["--use-distributed-optimizer", "--data-parallel-sharding-strategy", "optim_grads",
+         "--ddp-bucket-size", "10000"]
+LAYOUTS["dp2_zero2"] = (2, ZERO2)
+LAYOUTS["dp2_pp2_interleaved_zero2"] = (4, LAYOUTS["dp2_pp2_interleaved"][1] + ZERO2)
+LAYOUTS["tp2_pp2_dp2_sp_zero2"] = (8, ["--tensor-model-parallel-size", "2",
+                                       "--pipeline-model-parallel-size", "2",
+                                       "--sequence-parallel"] + ZERO2)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -92,6 +101,37 @@ def test_layout_matches_single_process(layout, dataset, baseline, tmp_path):
         for name, want in base_weights[kind].items():
             np.testing.assert_allclose(weights[kind][name], want, rtol=1e-3, atol=2e-5,
                                        err_msg=f"{kind}{name}")
+
+
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_sharded_gradients_match_plain_data_parallel(micro_batches, dataset, tmp_path):
+    """DP2 with --data-parallel-sharding-strategy optim_grads (every micro-batch's layer buckets
+    summed as the backward finishes them) against plain DP2: with one micro-batch per step the
+    same sums, so the same losses and the same checkpoint bytes; with two, the same sums in
+    another order, losses within 1e-5. The report names what the sharded gradients hold."""
+    gbs = ["--global-batch-size", str(4 * micro_batches)]
+    runs = {}
+    for name, extra in {"plain": [], "zero2": ZERO2}.items():
+        save = tmp_path / name
+        proc = run_train(common(dataset, save) + gbs + extra, nproc=2)
+        runs[name] = (parse_log(proc.stdout), save, proc.stdout)
+    (plain_train, plain_valid), plain_save, _ = runs["plain"]
+    (train, valid), save, out = runs["zero2"]
+    assert "gradients" in out and "(sharded: layer buckets in 2 slots" in out
+    assert sorted(train) == sorted(plain_train)
+    for it, row in plain_train.items():
+        if micro_batches == 1:
+            assert train[it][1] == row[1], f"iteration {it}"
+        else:
+            assert train[it][1] == pytest.approx(row[1], rel=1e-5), f"iteration {it}"
+    for it, loss in plain_valid.items():
+        assert valid[it] == pytest.approx(loss, rel=0 if micro_batches == 1 else 1e-5)
+    if micro_batches == 1:
+        shards = sorted(p.relative_to(plain_save) for p in plain_save.rglob("*.safetensors"))
+        assert shards
+        assert shards == sorted(p.relative_to(save) for p in save.rglob("*.safetensors"))
+        for rel in shards:
+            assert (save / rel).read_bytes() == (plain_save / rel).read_bytes(), rel
 
 
 @pytest.mark.parametrize("style", ["torchrun", "slurm"])

@@ -59,13 +59,46 @@ TEST(ArgsTest, InconsistentSettingsAreRefusedWithOneLine) {
       Check({"--bf16", "--optimizer-cpu-offload", "--optimizer-offload-fraction", "0.25"}, 1).ok());
   EXPECT_EQ(msg(Check({"--bf16", "--optimizer-offload-fraction", "0.5"}, 1)),
             "--optimizer-offload-fraction needs --optimizer-cpu-offload");
-  EXPECT_EQ(msg(Check({"--bf16", "--optimizer-cpu-offload", "--optimizer-offload-fraction", "0"},
-                      1)),
-            "--optimizer-offload-fraction must be in (0, 1], not 0");
+  EXPECT_EQ(
+      msg(Check({"--bf16", "--optimizer-cpu-offload", "--optimizer-offload-fraction", "0"}, 1)),
+      "--optimizer-offload-fraction must be in (0, 1], not 0");
   EXPECT_EQ(msg(Check({"--bf16", "--optimizer-cpu-offload", "--use-distributed-optimizer"}, 2)),
             "--optimizer-cpu-offload with --use-distributed-optimizer is implemented for one "
             "data-parallel rank (DP x CP = 1), not 2: use plain data parallelism, where each rank "
             "steps on its host");
+#endif
+}
+
+// Megatron-FSDP's spelling of what the data-parallel ranks shard, over the distributed optimizer.
+TEST(ArgsTest, ShardingStrategyIsCheckedAgainstTheDistributedOptimizer) {
+  auto msg = [](const absl::Status& s) { return std::string(s.message()); };
+  EXPECT_TRUE(Check({"--data-parallel-sharding-strategy", "no_shard"}, 2).ok());
+  EXPECT_TRUE(
+      Check({"--use-distributed-optimizer", "--data-parallel-sharding-strategy", "optim"}, 2).ok());
+  EXPECT_TRUE(
+      Check({"--use-distributed-optimizer", "--data-parallel-sharding-strategy", "optim_grads"}, 2)
+          .ok());
+  EXPECT_EQ(msg(Check({"--data-parallel-sharding-strategy", "optim_grads"}, 2)),
+            "--data-parallel-sharding-strategy optim_grads needs --use-distributed-optimizer");
+  EXPECT_EQ(
+      msg(Check({"--use-distributed-optimizer", "--data-parallel-sharding-strategy", "no_shard"},
+                2)),
+      "--data-parallel-sharding-strategy no_shard contradicts --use-distributed-optimizer");
+  EXPECT_EQ(
+      msg(Check({"--use-distributed-optimizer", "--data-parallel-sharding-strategy", "zero2"}, 2)),
+      "--data-parallel-sharding-strategy must be no_shard, optim or optim_grads, not zero2");
+  EXPECT_EQ(msg(Check({"--use-distributed-optimizer", "--data-parallel-sharding-strategy",
+                       "optim_grads_params"},
+                      2)),
+            "--data-parallel-sharding-strategy optim_grads_params (the bf16 weights sharded and "
+            "gathered per layer, ZeRO-3) is not implemented; optim_grads shards the gradients "
+            "with the distributed optimizer");
+#ifdef LEANTRON_HAVE_CUDA
+  EXPECT_EQ(msg(Check({"--bf16", "--optimizer-cpu-offload", "--use-distributed-optimizer",
+                       "--data-parallel-sharding-strategy", "optim_grads"},
+                      1)),
+            "--optimizer-cpu-offload steps whole gradients on the host; it does not go with "
+            "--data-parallel-sharding-strategy optim_grads");
 #endif
 }
 

@@ -8,6 +8,7 @@
 #include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "trainer/core/host_step_waits.h"
+#include "trainer/core/slot_grad_reducer.h"
 #include "trainer/reference/model.h"
 #ifdef LEANTRON_HAVE_CUDA
 #include "trainer/cuda/nn/bf16_model.h"
@@ -88,8 +89,12 @@ absl::Status BuildBf16Chunks(const TrainArgs& args, ProcessGroups& g,
     m->models.push_back(std::move(*model));
   }
   // Gradients are summed over the data-parallel group with context parallel (as Megatron's).
+  // Sharded gradients need a reducer on one rank too (it adds the slots into the sums).
   NcclCommunicator* dp = AsNccl(&g.data_parallel_with_cp());
-  if (dp == nullptr || dp->size() <= 1) return absl::OkStatus();
+  ParamStore& p = *m->params;
+  const bool sharded_grads = p.grads().sharded();
+  if ((dp == nullptr || dp->size() <= 1) && !sharded_grads) return absl::OkStatus();
+  if (dp != nullptr && dp->size() <= 1) dp = nullptr;
   cuda::GradReducer::Options ro;
   ro.overlap_grad_reduce = args.overlap_grad_reduce;
   ro.distributed = args.use_distributed_optimizer;
@@ -97,7 +102,7 @@ absl::Status BuildBf16Chunks(const TrainArgs& args, ProcessGroups& g,
   ro.reduce_in_bf16 = args.grad_reduce_in_bf16;
   ro.copy_engine = !args.no_dp_copy_engine;
   ro.num_micro_batches = static_cast<int>(args.num_micro_batches());
-  ParamStore& p = *m->params;
+  if (sharded_grads) ro.sharded_grads = &p.grads();
   for (int v = 0; v < args.virtual_pipeline_size(); ++v) {
     ro.first_layer = m->models[v]->first_layer();
     // The weights it gathers (distributed optimizer): the fp32 ones and the bf16 copy, or with
@@ -151,6 +156,10 @@ absl::StatusOr<TrainingModel> BuildTrainingModel(const TrainArgs& args, ProcessG
   }
   if (master == MasterWeights::kSharded)
     m.params->SetShard(DpOwnedParts(all_buckets, dp_cp.rank(), dp_cp.size()));
+  // ZeRO-2: the layers' gradients in slots, each rank keeping the sum of its parts (before a
+  // model binds its gradients).
+  const bool shard_grads = args.data_parallel_sharding_strategy == "optim_grads";
+  if (shard_grads) m.params->ShardGrads(chunk_buckets, dp_cp.rank(), dp_cp.size());
   m.params->Initialize(args.seed, args.init_method_std);
   if (args.bf16) {
 #ifdef LEANTRON_HAVE_CUDA
@@ -180,7 +189,17 @@ absl::StatusOr<TrainingModel> BuildTrainingModel(const TrainArgs& args, ProcessG
   oo.clip_grad = static_cast<float>(args.clip_grad);
   oo.distributed = args.use_distributed_optimizer;
   oo.buckets = std::move(all_buckets);
-  oo.dp_by_reducer = !m.listeners.empty();
+  oo.dp_by_reducer = !m.listeners.empty();  // the bf16 model's GradReducers
+  if (shard_grads && !oo.dp_by_reducer) {
+    // The float32 model: the layer buckets summed as the backward finishes them; the optimizer
+    // sums the rest.
+    for (int v = 0; v < vpp; ++v) {
+      auto reducer = std::make_unique<SlotGradReducer>(m.ops.get(), &dp_cp, &m.params->grads(),
+                                                       chunk_buckets[v]);
+      m.models[v]->AddListener(reducer.get());
+      m.listeners.push_back(std::move(reducer));
+    }
+  }
   oo.cpu_offload = args.optimizer_cpu_offload;
   // The offloaded step runs beside the next forward (the bf16 model, the only one that offloads,
   // announces which weights it reads), on every core of the rank's share but the one that issues

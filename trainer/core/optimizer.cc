@@ -8,6 +8,7 @@
 #include <iterator>
 
 #include "trainer/core/adamw.h"
+#include "trainer/core/grad_buffers.h"
 
 namespace leantron::trainer {
 
@@ -57,9 +58,10 @@ Optimizer::Optimizer(Ops* ops, ParamStore* params, ProcessGroups* groups,
   // owner of everything (offloading) both in the flat order.
   host_begin_ = state_elements_;
   if (opt_.cpu_offload) {
-    if (sharded() || !params_->offloaded()) {
+    if (sharded() || !params_->offloaded() || params_->grads().sharded()) {
       std::fprintf(stderr,
-                   "Optimizer: the offloaded step needs the weights on the host and one owner\n");
+                   "Optimizer: the offloaded step needs the weights on the host, one owner and "
+                   "whole gradients\n");
       std::abort();
     }
     host_begin_ = params_->host_begin();
@@ -76,8 +78,11 @@ Optimizer::Optimizer(Ops* ops, ParamStore* params, ProcessGroups* groups,
     for (const ParamView& v : params_->views()) {
       const size_t b = std::max(o.begin, v.offset), e = std::min(o.end, v.offset + v.numel);
       if (b >= e) continue;
+      // A range is also one run of reduced gradients in memory (GradBuffers::ReducedRunEnd).
+      const GradBuffers& grads = params_->grads();
       if (v.count_in_norm) {
-        if (!norm_ranges_.empty() && norm_ranges_.back().second == b) {
+        if (!norm_ranges_.empty() && norm_ranges_.back().second == b &&
+            grads.ReducedRunEnd(norm_ranges_.back().first) >= e) {
           norm_ranges_.back().second = e;
         } else {
           norm_ranges_.push_back({b, e});
@@ -89,7 +94,7 @@ Optimizer::Optimizer(Ops* ops, ParamStore* params, ProcessGroups* groups,
       // embeddings are stepped in the store's mirror, the rest apart).
       if (last != nullptr && last->end == b && last->decay == v.decay &&
           last->state + (last->end - last->begin) == state &&
-          params_->MasterRunEnd(last->begin) >= e) {
+          params_->MasterRunEnd(last->begin) >= e && grads.ReducedRunEnd(last->begin) >= e) {
         last->end = e;
       } else {
         adam_ranges_.push_back({b, e, state, v.decay});
@@ -120,7 +125,7 @@ void Optimizer::ZeroGrad() {
     zero_pending_ = true;
     return;
   }
-  ops_->Zero(params_->grad(), params_->size());
+  params_->grads().Zero();
 }
 
 void Optimizer::WaitHostWeights(size_t end) {
@@ -131,7 +136,7 @@ void Optimizer::FinishHostStep() {
   if (host_ == nullptr) return;
   host_->Finish();
   if (zero_pending_) {
-    ops_->Zero(params_->grad(), params_->size());
+    params_->grads().Zero();
     zero_pending_ = false;
   }
 }
@@ -143,12 +148,40 @@ void Optimizer::FinalizeGrads() {
                  "listener called FinishHostStep before the backward)\n");
     std::abort();
   }
-  float* grad = params_->grad();
+  GradBuffers& grads = params_->grads();
+  Communicator& dp = dp_cp();
+  // The sum over data- and context-parallel ranks (each CP rank holds its tokens' share of the
+  // micro-batches' gradient), bucket by bucket (the Gloo backend's reduce-scatter is an
+  // all-reduce underneath, so the distributed optimizer reduces whole buckets too and uses its
+  // parts). The 1/DP averaging happens inside the step. Sharded gradients: a listener has summed
+  // the layers' buckets already (their slots are gone); the whole buffers of the others are
+  // summed here, before the sums below, which then need only this rank's parts.
+  auto reduce_dp = [&](bool whole_buffers_only) {
+    if (dp.size() == 1 || opt_.dp_by_reducer) return;
+    for (const DpBucket& b : opt_.buckets) {
+      if (whole_buffers_only && grads.Find(b.offset)->slot >= 0) continue;
+      dp.AllReduceSum(grads.At(b.offset), b.numel);
+    }
+  };
+  // The pieces of a tensor's gradient to sum: all of it, or with sharded gradients this rank's
+  // parts (the same parts on every rank that holds the tensor).
+  auto pieces = [&](const ParamView& v, std::vector<std::pair<float*, size_t>>* out) {
+    if (!grads.sharded()) return out->push_back({grads.At(v.offset), v.numel});
+    for (const Owned& o : owned_) {
+      for (size_t x = std::max(o.begin, v.offset), e = std::min(o.end, v.offset + v.numel);
+           x < e;) {
+        const size_t y = std::min(e, grads.ReducedRunEnd(x));
+        out->push_back({grads.Reduced(x), y - x});
+        x = y;
+      }
+    }
+  };
+  if (grads.sharded()) reduce_dp(/*whole_buffers_only=*/true);
   // Sequence parallelism: replicated parameters saw only this rank's rows.
   if (groups_->tp->size() > 1) {
     std::vector<std::pair<float*, size_t>> partial;
     for (const ParamView& v : params_->views())
-      if (v.tp_partial_grad) partial.push_back({grad + v.offset, v.numel});
+      if (v.tp_partial_grad) pieces(v, &partial);
     groups_->tp->AllReduceSumMany(partial);
   }
   // Tied embeddings across the first and last stage: both copies get the sum.
@@ -157,25 +190,21 @@ void Optimizer::FinalizeGrads() {
       const ParamView* v = params_->Find(name);
       if (v == nullptr) continue;
       if (std::string(name) == "output_layer.weight" && v->spec->tied_to.empty()) continue;
-      groups_->embedding->AllReduceSum(grad + v->offset, v->numel);
+      std::vector<std::pair<float*, size_t>> tied;
+      pieces(*v, &tied);
+      for (const auto& [p, n] : tied) groups_->embedding->AllReduceSum(p, n);
     }
   }
-  Communicator& dp = dp_cp();
-  if (dp.size() == 1 || opt_.dp_by_reducer) return;
-  // The sum over data- and context-parallel ranks (each CP rank holds its tokens' share of the
-  // micro-batches' gradient), bucket by bucket (the Gloo backend's reduce-scatter is an
-  // all-reduce underneath, so the distributed optimizer reduces whole buckets too and uses its
-  // parts). The 1/DP averaging happens inside the step.
-  for (const DpBucket& b : opt_.buckets) dp.AllReduceSum(grad + b.offset, b.numel);
+  if (!grads.sharded()) reduce_dp(/*whole_buffers_only=*/false);
 }
 
 StepResult Optimizer::Step(float lr) {
   StepResult result;
-  float* grad = params_->grad();
+  const GradBuffers& grads = params_->grads();
   // Squared norm over the parameters this rank counts, restricted to what it steps; the
   // gradients are still the sum over DP ranks.
   double sq = 0.0;
-  for (const auto& [b, e] : norm_ranges_) sq += ops_->SumSquares(grad + b, e - b);
+  for (const auto& [b, e] : norm_ranges_) sq += ops_->SumSquares(grads.Reduced(b), e - b);
   groups_->model->AllReduceSumDouble(&sq, 1);
   if (sharded()) dp_cp().AllReduceSumDouble(&sq, 1);
   // The sum over CP ranks is the micro-batches' gradient; over DP ranks, DP times the mean.
@@ -207,7 +236,7 @@ StepResult Optimizer::Step(float lr) {
     size_t at = r.begin;
     auto plain = [&](size_t e) {
       if (at < e)
-        ops_->AdamWStep(params_->Master(at), grad + at, exp_avg_ + r.state + (at - r.begin),
+        ops_->AdamWStep(params_->Master(at), grads.Reduced(at), exp_avg_ + r.state + (at - r.begin),
                         exp_avg_sq_ + r.state + (at - r.begin), e - at, lr, opt_.beta1, opt_.beta2,
                         opt_.eps, decay, step_, grad_scale, low != nullptr ? low + at : nullptr);
       at = e;
@@ -217,8 +246,8 @@ StepResult Optimizer::Step(float lr) {
     for (; it != copied_.end() && it->end <= r.end; ++it) {
       plain(it->begin);
       const size_t state = r.state + (it->begin - r.begin);
-      it->copies->Update(it->index, params_->Master(it->begin), grad + it->begin, exp_avg_ + state,
-                         exp_avg_sq_ + state, constants, low + it->begin);
+      it->copies->Update(it->index, params_->Master(it->begin), grads.Reduced(it->begin),
+                         exp_avg_ + state, exp_avg_sq_ + state, constants, low + it->begin);
       at = it->end;
     }
     plain(r.end);

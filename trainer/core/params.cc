@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "libckpt/dtype.h"
+#include "trainer/core/grad_buffers.h"
 
 namespace leantron::trainer {
 
@@ -100,7 +101,7 @@ ParamStore::ParamStore(Ops* ops, const ckpt::ModelLayout& layout, int tp_rank, i
       bf16_copy_ = reinterpret_cast<uint16_t*>(own_bf16_);
       break;
   }
-  grad_ = ops_->Alloc(size_);
+  grads_ = std::make_unique<GradBuffers>(ops_, size_);
 }
 
 ParamStore::~ParamStore() {
@@ -112,7 +113,16 @@ ParamStore::~ParamStore() {
   if (device_master_ != nullptr) ops_->Free(device_master_);
   if (mirror_ != nullptr) ops_->Free(mirror_);
   if (own_bf16_ != nullptr) ops_->Free(own_bf16_);
-  ops_->Free(grad_);
+}
+
+float* ParamStore::grad() { return grads_->whole(); }
+
+void ParamStore::ShardGrads(const std::vector<std::vector<DpBucket>>& chunks, int rank, int ranks) {
+  if (grads_->sharded()) {
+    std::fprintf(stderr, "ParamStore: the gradients are sharded already\n");
+    std::abort();
+  }
+  grads_ = std::make_unique<GradBuffers>(ops_, size_, chunks, rank, ranks);
 }
 
 void ParamStore::SetShard(std::vector<std::pair<size_t, size_t>> ranges) {
@@ -302,7 +312,7 @@ void ParamStore::SetFromHost(const ParamView& view, const float* host) {
 
 float* ParamStore::Grad(const std::string& name) {
   const ParamView* v = Find(name);
-  return v ? grad_ + v->offset : nullptr;
+  return v ? grads_->At(v->offset) : nullptr;
 }
 
 void ParamStore::Initialize(uint64_t seed, double init_std) {

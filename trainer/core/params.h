@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,6 +15,9 @@
 #include "trainer/reference/ops.h"
 
 namespace leantron::trainer {
+
+class GradBuffers;  // grad_buffers.h
+struct DpBucket;
 
 struct ParamView {
   std::string name;  // Megatron-Core name, global layer index
@@ -83,7 +87,13 @@ class ParamStore {
   // kHost at host_begin() and with kSharded at the edges of the shard's ranges and of the
   // mirrored tensors in them.
   size_t MasterRunEnd(size_t flat) const;
-  float* grad() { return grad_; }
+  // The fp32 gradients in the flat order, or null when they are sharded (grads()).
+  float* grad();
+  // Where the gradients live: whole, or sharded (ShardGrads).
+  GradBuffers& grads() const { return *grads_; }
+  // --data-parallel-sharding-strategy optim_grads: the gradients kept as GradBuffers' sharded
+  // ones, over `chunks`' buckets, this rank's part of each; once, before a model binds them.
+  void ShardGrads(const std::vector<std::vector<DpBucket>>& chunks, int rank, int ranks);
   size_t size() const { return size_; }
   MasterWeights master() const { return master_place_; }
   // kHost: the optimizer steps [host_begin(), size()) on the host, the rest on the backend.
@@ -114,6 +124,8 @@ class ParamStore {
   void SetFromHost(const ParamView& view, const float* host);
   Ops* ops() const { return ops_; }
   const ckpt::ModelLayout& layout() const { return layout_; }
+  // Where the backward adds the tensor's gradient (GradBuffers::At), or null when this rank does
+  // not hold it.
   float* Grad(const std::string& name);
 
   // The bf16 copy of the whole buffer the bf16 model computes with (device memory, owned by the
@@ -141,7 +153,7 @@ class ParamStore {
   float* device_master_ = nullptr;  // kHost: the fp32 weights before host_begin_ (backend)
   size_t host_begin_ = 0;
   float* mirror_ = nullptr;  // kHost, kSharded: the mirrored tensors' fp32 copies, backend memory
-  float* grad_ = nullptr;
+  std::unique_ptr<GradBuffers> grads_;
   size_t size_ = 0, mirror_size_ = 0;
   // kSharded: the ranges kept; the same cut where mirrored tensors begin and end, in flat order,
   // each with where it lives (master_ or the mirror); and how much of master_ they use.

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "trainer/core/grad_buffers.h"
 #ifdef LEANTRON_HAVE_CUDA
 #include "trainer/cuda/nn/bf16_model.h"
 #endif
@@ -42,7 +43,11 @@ std::string ModelBanner(const TrainArgs& args, const TrainingModel& m, const Pro
       g.sizes.cp > 1 ? absl::StrFormat(" CP %d (%s)", g.sizes.cp, args.cp_comm_type) : "",
       g.sizes.pp, uneven, args.virtual_pipeline_size(), g.sizes.dp,
       args.sequence_parallel ? " +SP" : "",
-      args.use_distributed_optimizer ? " +distributed optimizer" : "", args.num_micro_batches());
+      args.use_distributed_optimizer ? (args.data_parallel_sharding_strategy == "optim_grads"
+                                            ? " +distributed optimizer, sharded gradients"
+                                            : " +distributed optimizer")
+                                     : "",
+      args.num_micro_batches());
 }
 
 std::string MemoryLine(const TrainArgs& args, const TrainingModel& m, const ProcessGroups& g,
@@ -55,21 +60,22 @@ std::string MemoryLine(const TrainArgs& args, const TrainingModel& m, const Proc
     // The bf16 copy is the model's memory, or the store's with the fp32 weights sharded.
     if (m.params->sharded()) acts += static_cast<int64_t>(m.params->size()) * 2;
     const int64_t params = static_cast<int64_t>(m.params->backend_elements()) * 4;
-    const int64_t whole = static_cast<int64_t>(m.params->size()) * 4;  // every parameter in fp32
+    const int64_t grads = static_cast<int64_t>(m.params->grads().backend_elements()) * 4;
     const int64_t host_adam = static_cast<int64_t>(m.optimizer->host_state_elements()) * 8;
     const int64_t adam = static_cast<int64_t>(m.optimizer->state_elements()) * 8 - host_adam;
     const int64_t host_weights =
         static_cast<int64_t>(m.params->size() - m.params->host_begin()) * 4;
     const bool host = m.optimizer->state_on_host();
     gpu = absl::StrFormat(
-        " GPU in use: %d | of which %s %d, gradients %d, Adam state %d, bf16 "
+        " GPU in use: %d | of which %s %d, gradients%s %d, Adam state %d, bf16 "
         "weights, activations and workspaces %d |",
         cuda::DeviceMemoryInUse() >> 20,
         m.params->host_master() ? "fp32 norms and embeddings"
         : host                  ? "fp32 weights (the GPU's part; norms and embeddings whole)"
         : m.params->sharded()   ? "fp32 weights (this rank's part, norms and embeddings whole)"
                                 : "parameters",
-        params >> 20, whole >> 20, adam >> 20, acts >> 20);
+        params >> 20, m.params->grads().sharded() ? " (sharded)" : "", grads >> 20, adam >> 20,
+        acts >> 20);
     if (host) {
       absl::StrAppendFormat(&gpu,
                             " host (--optimizer-cpu-offload): fp32 weights %d, Adam state %d |",
@@ -94,7 +100,7 @@ std::string RankReport(const TrainArgs& args, const TrainingModel& m, const Proc
   // What this rank holds: every fp32 weight, or its part of them (the distributed optimizer of the
   // bf16 model) beside the norms and embeddings the model reads in fp32, or (offloaded) all of
   // them on the host and those tensors here.
-  const double whole_mb = m.params->size() * 4.0 / (1 << 20);
+  const double grads_mb = m.params->grads().backend_elements() * 4.0 / (1 << 20);
   const double backend_mb = m.params->backend_elements() * 4.0 / (1 << 20);
   const double adam_mb = m.optimizer->state_elements() * 8.0 / (1 << 20);
   std::string weights = absl::StrFormat("fp32 weights %.1f MB", backend_mb);
@@ -121,11 +127,15 @@ std::string RankReport(const TrainArgs& args, const TrainingModel& m, const Proc
                 t.train_seconds > 0 ? 100.0 * t.comm_seconds / t.train_seconds : 0.0);
   absl::StrAppendFormat(
       &out,
-      "[Rank %d] tp %d pp %d dp %d%s | layers %s | parameters %d | %s + gradients %.1f MB + Adam "
-      "state %.1f MB%s | peak resident %d MB | %s\n",
+      "[Rank %d] tp %d pp %d dp %d%s | layers %s | parameters %d | %s + gradients %.1f MB%s + "
+      "Adam state %.1f MB%s | peak resident %d MB | %s\n",
       g.world_rank, g.coords.tp, g.coords.pp, g.coords.dp,
       g.sizes.cp > 1 ? absl::StrFormat(" cp %d", g.coords.cp) : "", layers, m.params->size(),
-      weights, whole_mb, adam_mb,
+      weights, grads_mb,
+      m.params->grads().sharded()
+          ? " (sharded: layer buckets in 2 slots, their parts' sums, embeddings and head whole)"
+          : "",
+      adam_mb,
       !m.optimizer->state_on_host() ? std::string()
       : m.params->host_master()
           ? std::string(" on the host")

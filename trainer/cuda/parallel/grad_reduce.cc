@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <map>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "trainer/cuda/kernels/kernels.h"
 
@@ -69,7 +70,21 @@ GradReducer::GradReducer(NcclCommunicator* dp, float* grad, float* data, bf16* l
     for (const DpBucket& b : buckets_) largest = std::max(largest, b.numel);
     LT_CUDA_CHECK(cudaMalloc(&stage_, std::max<size_t>(largest, 1) * sizeof(bf16)));
   }
-  if (dp_->size() == 2 && opt_.copy_engine) {
+  if (opt_.sharded_grads != nullptr) {
+    for (const DpBucket& b : buckets_) {
+      const GradBuffers::Bucket* k = opt_.sharded_grads->Find(b.offset);
+      if (k == nullptr || !opt_.distributed) {
+        std::fprintf(stderr,
+                     "GradReducer: sharded gradients need the distributed optimizer's parts of "
+                     "these buckets\n");
+        std::abort();
+      }
+      place_.push_back(k);
+    }
+    for (cudaEvent_t& e : slot_free_)
+      LT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
+  if (size() == 2 && opt_.copy_engine) {
     exchange_ = PeerExchange::Create(dp_, (kPieceElements / 2 + 1) * sizeof(float));
   }
 }
@@ -79,6 +94,8 @@ GradReducer::~GradReducer() {
   for (cudaEvent_t e : {ready_, comm_start_, compute_done_, comm_done_}) cudaEventDestroy(e);
   for (auto* v : {&gathered_, &layer_done_, &bucket_begin_, &bucket_end_})
     for (cudaEvent_t e : *v) cudaEventDestroy(e);
+  for (cudaEvent_t e : slot_free_)
+    if (e != nullptr) cudaEventDestroy(e);
   if (stage_ != nullptr) cudaFree(stage_);
   cudaFree(plan_buf_);
 }
@@ -87,20 +104,48 @@ void GradReducer::Launch(size_t bucket) {
   const DpBucket& b = buckets_[bucket];
   LT_CUDA_CHECK(cudaEventRecord(ready_, MainStream()));
   LT_CUDA_CHECK(cudaStreamWaitEvent(comm_, ready_, 0));
-  if (!started_) {
+  if (!started_ && active_) {  // the step's last backward is measured
     LT_CUDA_CHECK(cudaEventRecord(comm_start_, comm_));
     started_ = true;
   }
   LT_CUDA_CHECK(cudaEventRecord(bucket_begin_[bucket], comm_));
-  if (exchange_ == nullptr) {
+  if (size() == 1) {  // sharded gradients on one rank: nothing to sum with
+  } else if (exchange_ == nullptr) {
     NcclReduce(b);
   } else if (opt_.distributed) {
     CopyEngineReduceScatter(b);
   } else {
     CopyEngineAllReduce(b);
   }
+  // A layer bucket in a slot: its part joins the step's sum, and the slot is free.
+  if (const GradBuffers::Bucket* k = InSlot(bucket)) {
+    if (k->part_end > k->part_begin)
+      AddInPlace(k->sum, Grad(b, k->part_begin), k->part_end - k->part_begin, comm_);
+    LT_CUDA_CHECK(cudaEventRecord(slot_free_[k->slot], comm_));
+  }
   LT_CUDA_CHECK(cudaEventRecord(bucket_end_[bucket], comm_));
   launched_[bucket] = true;
+}
+
+// Before the backward writes into a layer bucket's slot (the one whose highest layer is `layer`,
+// if any): the compute stream waits until the slot's last bucket has been summed, then zeroes it.
+void GradReducer::PrepareSlot(int layer) {
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    const GradBuffers::Bucket* k = InSlot(i);
+    if (k == nullptr || k->bucket.last_layer != layer) continue;
+    LT_CUDA_CHECK(cudaStreamWaitEvent(MainStream(), slot_free_[k->slot], 0));
+    LT_CUDA_CHECK(cudaMemsetAsync(k->at, 0, k->bucket.numel * sizeof(float), MainStream()));
+  }
+}
+
+void GradReducer::BackwardBegins() {
+  active_ = ++backwards_ == opt_.num_micro_batches;
+  // The chunk's highest layer bucket comes first in the backward's order.
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    if (InSlot(i) == nullptr) continue;
+    PrepareSlot(buckets_[i].last_layer);
+    break;
+  }
 }
 
 // All-reduce, or reduce-scatter into parts of unequal length: one reduce per part, rooted at its
@@ -108,7 +153,7 @@ void GradReducer::Launch(size_t bucket) {
 void GradReducer::NcclReduce(const DpBucket& b) {
   const int rank = dp_->rank(), size = dp_->size();
   const bool low = opt_.reduce_in_bf16;
-  float* const g = grad_ + b.offset;
+  float* const g = Grad(b, b.offset);
   if (low) ConvertFromFloat<bf16>(stage_, g, b.numel, comm_);
   if (!opt_.distributed) {
     if (low) {
@@ -126,21 +171,21 @@ void GradReducer::NcclReduce(const DpBucket& b) {
       if (first >= last) continue;
       r = low ? ncclReduce(Stage(first, b), Stage(first, b), last - first, ncclBfloat16, ncclSum, q,
                            c, comm_)
-              : ncclReduce(grad_ + first, grad_ + first, last - first, ncclFloat32, ncclSum, q, c,
+              : ncclReduce(Grad(b, first), Grad(b, first), last - first, ncclFloat32, ncclSum, q, c,
                            comm_);
     }
     const ncclResult_t end = ncclGroupEnd();
     return r != ncclSuccess ? r : end;
   });
   const auto [first, last] = b.Part(rank, size);
-  if (low && first < last) ConvertToFloat(grad_ + first, Stage(first, b), last - first, comm_);
+  if (low && first < last) ConvertToFloat(Grad(b, first), Stage(first, b), last - first, comm_);
 }
 
 // Sends grad[first, first + len) to the peer's inbox: as it is, or rounded to bf16 through the
 // staging copy when reducing in bf16.
 void GradReducer::SendGrad(const DpBucket& b, size_t first, size_t len) {
-  if (!opt_.reduce_in_bf16) return exchange_->Send(grad_ + first, len * sizeof(float), comm_);
-  ConvertFromFloat<bf16>(Stage(first, b), grad_ + first, len, comm_);
+  if (!opt_.reduce_in_bf16) return exchange_->Send(Grad(b, first), len * sizeof(float), comm_);
+  ConvertFromFloat<bf16>(Stage(first, b), Grad(b, first), len, comm_);
   exchange_->Send(Stage(first, b), len * sizeof(bf16), comm_);
 }
 
@@ -150,10 +195,10 @@ void GradReducer::AddArrived(const DpBucket& b, size_t first, size_t len, bool s
   exchange_->Receive(
       [&](const void* inbox) {
         if (opt_.reduce_in_bf16) {
-          AddRoundedBf16(grad_ + first, static_cast<const bf16*>(inbox),
+          AddRoundedBf16(Grad(b, first), static_cast<const bf16*>(inbox),
                          stage_sum ? Stage(first, b) : nullptr, len, comm_);
         } else {
-          AddInPlace(grad_ + first, static_cast<const float*>(inbox), len, comm_);
+          AddInPlace(Grad(b, first), static_cast<const float*>(inbox), len, comm_);
         }
       },
       comm_);
@@ -175,10 +220,10 @@ void GradReducer::CopyEngineAllReduce(const DpBucket& b) {
     if (low) {
       exchange_->Send(Stage(first[rank], b), len[rank] * sizeof(bf16), comm_);
     } else {
-      exchange_->Send(grad_ + first[rank], len[rank] * sizeof(float), comm_);
+      exchange_->Send(Grad(b, first[rank]), len[rank] * sizeof(float), comm_);
     }
     exchange_->WaitSent(comm_);  // the first send has left its source
-    float* other = grad_ + first[peer];
+    float* other = Grad(b, first[peer]);
     if (low) {
       exchange_->Receive(
           [&](const void* inbox) {
@@ -205,6 +250,14 @@ void GradReducer::CopyEngineReduceScatter(const DpBucket& b) {
 // The backward has finished `layer` and those above it: their buckets start unless held back
 // until the start layer, in the buckets' (the backward's) order.
 void GradReducer::LayerBackwardDone(int layer) {
+  if (!place_.empty()) {
+    // Sharded gradients: every micro-batch's layer buckets go at once (their slots are needed
+    // again two buckets later), and the next bucket's slot is made ready.
+    for (size_t i = 0; i < buckets_.size(); ++i)
+      if (InSlot(i) != nullptr && !launched_[i] && buckets_[i].first_layer == layer) Launch(i);
+    PrepareSlot(layer - 1);
+    return;
+  }
   if (!active_ || !opt_.overlap_grad_reduce) return;
   if (layer >= 0 && layer < static_cast<int>(layer_done_.size())) {
     LT_CUDA_CHECK(cudaEventRecord(layer_done_[layer], MainStream()));
@@ -217,7 +270,10 @@ void GradReducer::LayerBackwardDone(int layer) {
 }
 
 void GradReducer::BackwardDone() {
-  if (!active_) return;
+  if (!active_) {
+    if (!place_.empty()) launched_.assign(buckets_.size(), false);  // the slots' buckets went
+    return;
+  }
   for (size_t i = 0; i < buckets_.size(); ++i)
     if (!launched_[i]) Launch(i);
   LT_CUDA_CHECK(cudaEventRecord(compute_done_, MainStream()));
@@ -254,6 +310,17 @@ std::string GradReducer::Report() const {
           ? ""
           : absl::StrFormat(", started once layer %d was done (%.0f ms of the backward left)",
                             opt_.first_layer + start_layer_, start_left_ms_);
+  if (!place_.empty()) {
+    return absl::StrFormat(
+        "sharded gradients (optim_grads): each micro-batch's layer buckets %s as its backward "
+        "finishes them; the last micro-batch's %.1f ms from the first bucket to the last, %.1f ms "
+        "of it exposed (the backward had finished)%s",
+        size() == 1           ? "added to the step's sums (one data-parallel rank)"
+        : opt_.reduce_in_bf16 ? "reduce-scattered in bf16"
+                              : "reduce-scattered",
+        comm_ms_ / measured_steps_, exposed_ms_ / measured_steps_,
+        size() == 1 ? "" : absl::StrCat("; by ", transport()));
+  }
   return absl::StrFormat(
       "data-parallel gradient %s%s %s: %.1f ms per step from the first bucket to the last, %.1f "
       "ms of it exposed (the backward had finished)%s; by %s",
@@ -281,7 +348,8 @@ void GradReducer::LastStep(double* comm_ms, double* exposed_ms) {
 void GradReducer::Plan() {
   const bool measured = layers_recorded_ == static_cast<int>(layer_done_.size());
   layers_recorded_ = 0;
-  if (opt_.start_layer || !opt_.overlap_grad_reduce || !measured) return;
+  if (opt_.start_layer || !opt_.overlap_grad_reduce || !measured || !place_.empty() || size() == 1)
+    return;
   double reduce = 0.0;
   for (size_t i = 0; i < buckets_.size(); ++i) {
     if (buckets_[i].first_layer < 0) continue;
@@ -312,7 +380,7 @@ void GradReducer::Plan() {
 // written for its own part). With them sharded (no `data`), the bf16 copy's part as it is, and in
 // fp32 only where the model reads the weights in fp32 (the store's mirror: norms, embeddings).
 void GradReducer::Gather(const DpBucket& b) {
-  const int rank = dp_->rank(), size = dp_->size();
+  const int rank = dp_->rank(), size = this->size();
   if (data_ == nullptr) {
     if (params_ == nullptr || !params_->sharded()) {
       std::fprintf(stderr, "GradReducer: a gather without fp32 weights needs a sharded store\n");
@@ -367,7 +435,7 @@ void GradReducer::Gather(const DpBucket& b) {
 }
 
 void GradReducer::GatherParams() {
-  if (!opt_.distributed) return;
+  if (!opt_.distributed || size() == 1) return;
   LT_CUDA_CHECK(cudaEventRecord(ready_, MainStream()));
   LT_CUDA_CHECK(cudaStreamWaitEvent(comm_, ready_, 0));
   // The forward's order: the embeddings (and head) first, then the layers from the lowest up.

@@ -17,6 +17,13 @@
 //   wait for a layer's bucket only (--overlap-param-gather), or for all of them at once. With the
 //   fp32 weights sharded (ParamStore kSharded: no `data`) the parts of the bf16 copy go as they
 //   are, and the fp32 ones only for the tensors the model reads in fp32 (the store's mirror).
+//   sharded gradients (--data-parallel-sharding-strategy optim_grads; GradBuffers): the layer
+//   buckets live in slots that two buckets take turns in. Every micro-batch's backward zeroes a
+//   bucket's slot just before it writes the first gradient there (the compute stream waiting
+//   until the slot's previous bucket has been summed), and reduces the bucket as soon as its
+//   layers are done, whatever --overlap-grad-reduce says, adding this rank's part to the step's
+//   sum. The embeddings' and head's buckets are reduced on the last micro-batch, as whole ones.
+//   With one data-parallel rank there is nothing to sum with; the parts are still added.
 // Two data-parallel ranks of one node move the data by copy engine (PeerExchange; no SM taken
 // from the compute except for the additions), unless options.copy_engine is off (then NCCL, as
 // for more ranks or several nodes).
@@ -30,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "trainer/core/grad_buffers.h"
 #include "trainer/core/model_events.h"
 #include "trainer/core/params.h"
 #include "trainer/cuda/cuda_util.h"
@@ -51,9 +59,12 @@ class GradReducer final : public ModelEvents {
     int first_layer = 0;  // the chunk's first global layer (for the report)
     // Fixed instead of planned (tests): the layer whose end starts the held-back buckets, -1 none.
     std::optional<int> start_layer;
+    // The gradients are these sharded ones (`grad` is not used; needs `distributed`).
+    const GradBuffers* sharded_grads = nullptr;
   };
   // `grad`, `data` and `low` (the bf16 copy) are the flat buffers the buckets index; `data` is
-  // null where the fp32 weights are on the host or sharded.
+  // null where the fp32 weights are on the host or sharded. `dp` may be null (one rank) only
+  // with sharded gradients.
   GradReducer(NcclCommunicator* dp, float* grad, float* data, bf16* low,
               std::vector<DpBucket> buckets, const Options& options);
   ~GradReducer() override;
@@ -66,7 +77,7 @@ class GradReducer final : public ModelEvents {
   // ModelEvents.
   void StepBegins() override;
   void WeightsNeeded(int layer) override { WaitParams(layer); }
-  void BackwardBegins() override { active_ = ++backwards_ == opt_.num_micro_batches; }
+  void BackwardBegins() override;
   void LayerBackwardDone(int layer) override;
   void BackwardDone() override;
   std::string Report() const override;
@@ -94,6 +105,17 @@ class GradReducer final : public ModelEvents {
 
  private:
   void Launch(size_t bucket);
+  void PrepareSlot(int layer);
+  int size() const { return dp_ != nullptr ? dp_->size() : 1; }
+  // Where the gradient of flat index `flat` of bucket `b` is.
+  float* Grad(const DpBucket& b, size_t flat) const {
+    return opt_.sharded_grads != nullptr ? opt_.sharded_grads->At(b.offset) + (flat - b.offset)
+                                         : grad_ + flat;
+  }
+  // The sharded gradients' bucket `i` when it lives in a slot, else null.
+  const GradBuffers::Bucket* InSlot(size_t i) const {
+    return !place_.empty() && place_[i]->slot >= 0 ? place_[i] : nullptr;
+  }
   void Plan();
   void CopyEngineAllReduce(const DpBucket& b);
   void CopyEngineReduceScatter(const DpBucket& b);
@@ -133,6 +155,8 @@ class GradReducer final : public ModelEvents {
   std::vector<cudaEvent_t> gathered_;                   // per bucket
   std::vector<bool> gather_pending_;                    // per bucket: not waited for yet this step
   std::unique_ptr<PeerExchange> exchange_;
+  std::vector<const GradBuffers::Bucket*> place_;    // sharded gradients: per bucket
+  cudaEvent_t slot_free_[GradBuffers::kSlots] = {};  // recorded on comm_ when a slot is summed
   bf16* stage_ = nullptr;  // reduce_in_bf16: the bucket's gradient rounded to bf16 (largest bucket)
   // Elements reduced per copy-engine round (the inbox holds half of it twice: 64 MiB each).
   static constexpr size_t kPieceElements = size_t{32} << 20;
