@@ -87,6 +87,9 @@ class Row:
     sp: bool = False
     recompute: bool = False  # full, uniform, 1 layer (--recompute-granularity/-method/-num-layers)
     zero: bool = False       # ZeRO-2: --use-distributed-optimizer and both --overlap-* flags
+    # With `zero`: what the data-parallel ranks shard (--sharding): the tutorial's flags (optim,
+    # Megatron's distributed optimizer), or the gradients too (optim_grads).
+    sharding: str = "optim"
     cp_comm: str = ""        # --cp-comm-type (CP table; passed there only where CP > 1)
     mem_gb: Union[float, str, None] = None  # Megatron's GB/gpu ("OOM")
     step_ms: Optional[float] = None         # Megatron's ms (None: OOM)
@@ -293,6 +296,8 @@ def train_args(row, iters):
               "--recompute-num-layers", "1"]
     if row.zero:
         a += ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
+        if row.sharding != "optim":
+            a += ["--data-parallel-sharding-strategy", row.sharding]
     if m.experts:
         a += ["--num-experts", m.experts, "--moe-router-topk", m.topk, "--moe-ffn-hidden-size",
               m.moe_ffn, "--moe-grouped-gemm", "--moe-permute-fusion", "--disable-bias-linear",
@@ -326,7 +331,7 @@ def layout(row):
     if row.recompute:
         parts.append("recompute")
     if row.zero:
-        parts.append("ZeRO-2")
+        parts.append("ZeRO-2" if row.sharding == "optim" else f"ZeRO-2 ({row.sharding})")
     if row.model.experts:
         parts.insert(0, f"E{row.model.experts}")
     return " ".join(parts) or "1 GPU"
@@ -521,8 +526,12 @@ def main():
     ap.add_argument("--out", default=None, help="markdown file, rewritten after every row")
     ap.add_argument("--log-dir", default=None, help="each row's full train log")
     ap.add_argument("--dry-run", action="store_true", help="print each row's command only")
+    ap.add_argument("--sharding", default="optim", choices=["optim", "optim_grads"],
+                    help="the ZeRO-2 rows: the tutorial's distributed optimizer (optim) or "
+                         "the gradients sharded too (optim_grads)")
     args = ap.parse_args()
     rows = [as_launched(r, args.makefile) for r in select(args.table, args.only, args.world)]
+    rows = [dataclasses.replace(r, sharding=args.sharding) if r.zero else r for r in rows]
     flags = known_flags(args.bin)
     if args.dry_run:
         total = 0

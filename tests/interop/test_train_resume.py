@@ -30,7 +30,11 @@ def common(data):
 
 
 @pytest.mark.parametrize("nproc,extra", [(None, []), (2, ["--tensor-model-parallel-size", "2"]),
-                                         (2, ["--use-distributed-optimizer"])])
+                                         (2, ["--use-distributed-optimizer"]),
+                                         (2, ["--use-distributed-optimizer",
+                                              "--data-parallel-sharding-strategy", "optim_grads",
+                                              "--ddp-bucket-size", "10000"])],
+                         ids=["one", "tp2", "dp2-optim", "dp2-optim-grads"])
 def test_resume_is_bitwise_for_the_same_layout(dataset, tmp_path, nproc, extra):
     straight = run_train(common(dataset) + extra + ["--save", tmp_path / "a"], nproc=nproc)
     half = run_train(common(dataset) + extra + ["--save", tmp_path / "b", "--exit-interval",
@@ -57,6 +61,19 @@ def assert_resumed_second_half(straight, rest, straight_dir, rest_dir):
     _, got = read_ours(rest_dir)
     for name, w in want[""].items():
         np.testing.assert_allclose(got[""][name], w, rtol=1e-3, atol=2e-5, err_msg=name)
+
+
+def test_sharded_gradients_checkpoint_resumes_without_them(dataset, tmp_path):
+    """A checkpoint saved with the gradients sharded over DP2 (--data-parallel-sharding-strategy
+    optim_grads) resumes on one process without sharding: checkpoints do not depend on the
+    strategy."""
+    zero2 = ["--use-distributed-optimizer", "--data-parallel-sharding-strategy", "optim_grads",
+             "--ddp-bucket-size", "10000"]
+    straight = run_train(common(dataset) + zero2 + ["--save", tmp_path / "a"], nproc=2)
+    run_train(common(dataset) + zero2 + ["--save", tmp_path / "b", "--exit-interval", ITERS // 2],
+              nproc=2)
+    rest = run_train(common(dataset) + ["--load", tmp_path / "b", "--save", tmp_path / "c"])
+    assert_resumed_second_half(straight, rest, tmp_path / "a", tmp_path / "c")
 
 
 def test_resume_into_another_layout(dataset, tmp_path):
