@@ -90,17 +90,18 @@ void CheckGradReducer(const std::string& name, Communicator* comm, Checker& c) {
 }
 
 // Sharded gradients (GradBuffers, --data-parallel-sharding-strategy optim_grads) between two
-// ranks, by copy engine and by NCCL: three layer buckets taking turns in two slots over two
-// micro-batches, each slot written only after the reducer has zeroed it (and waited for its last
-// bucket), every micro-batch's layer buckets reduce-scattered into this rank's parts' sums, the
-// embeddings' whole buffer reduced once at the end; bit for bit against sums made here.
+// ranks, by copy engine and by NCCL, over two steps of two micro-batches: three layer buckets
+// (one of two layers) taking turns in two slots, the backward adding into a slot only after the
+// reducer has zeroed it (and waited for its last bucket), every micro-batch's layer buckets
+// reduce-scattered into this rank's parts' sums, the embeddings' whole buffer reduced once at
+// the end of the step; bit for bit against sums made here.
 void CheckShardedGradReducer(const std::string& name, Communicator* comm, Checker& c) {
   NcclCommunicator* nc = AsNccl(comm);
   const int me = comm->rank();
   const size_t a = (size_t{16} << 20) + 4321, b = 70001, d = 999, e = 55555;
   const size_t n = a + b + d + e;
   const std::vector<DpBucket> buckets = {
-      {0, a, 2, 2}, {a, b, 1, 1}, {a + b, d, 0, 0}, {a + b + d, e, -1, -1}};
+      {0, a, 2, 3}, {a, b, 1, 1}, {a + b, d, 0, 0}, {a + b + d, e, -1, -1}};
   auto value = [](int rank, int micro, size_t i) {
     return std::ldexp(
                static_cast<float>((i * 2654435761u + rank * 7919u + micro * 104729u) % 1000003u),
@@ -110,6 +111,14 @@ void CheckShardedGradReducer(const std::string& name, Communicator* comm, Checke
   absl::StatusOr<std::unique_ptr<Ops>> ops = CreateOps("cuda");
   c.Expect(ops.ok(), "cuda ops");
   if (!ops.ok()) return;
+  // The backward adds into what is there: read, add, write back, in stream order.
+  auto add = [](float* at, const std::vector<float>& v) {
+    std::vector<float> h(v.size());
+    LT_CUDA_CHECK(cudaStreamSynchronize(MainStream()));
+    LT_CUDA_CHECK(cudaMemcpy(h.data(), at, h.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < h.size(); ++i) h[i] += v[i];
+    LT_CUDA_CHECK(cudaMemcpy(at, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
+  };
   int checked = 0;
   for (bool copy_engine : {true, false}) {
     const std::string what = name + " sharded gradients" + (copy_engine ? " copy engine" : " NCCL");
@@ -121,45 +130,45 @@ void CheckShardedGradReducer(const std::string& name, Communicator* comm, Checke
     o.num_micro_batches = 2;
     o.sharded_grads = &grads;
     cuda::GradReducer r(nc, nullptr, nullptr, nullptr, buckets, o);
-    grads.Zero();
-    r.StepBegins();
-    std::vector<float> embed(e, 0.0f);
-    for (int micro = 0; micro < 2; ++micro) {
-      r.BackwardBegins();
-      for (int layer = 2; layer >= 0; --layer) {
-        const DpBucket& bk = buckets[2 - layer];
-        // The backward adds into a zeroed slot: writing the values is the same.
-        std::vector<float> v(bk.numel);
-        for (size_t i = 0; i < bk.numel; ++i) v[i] = value(me, micro, bk.offset + i);
-        LT_CUDA_CHECK(cudaStreamSynchronize(MainStream()));
-        LT_CUDA_CHECK(cudaMemcpy(grads.At(bk.offset), v.data(), v.size() * sizeof(float),
-                                 cudaMemcpyHostToDevice));
-        r.LayerBackwardDone(layer);
-      }
-      for (size_t i = 0; i < e; ++i) embed[i] += value(me, micro, a + b + d + i);
-      LT_CUDA_CHECK(cudaStreamSynchronize(MainStream()));
-      LT_CUDA_CHECK(
-          cudaMemcpy(grads.At(a + b + d), embed.data(), e * sizeof(float), cudaMemcpyHostToDevice));
-      r.BackwardDone();
-    }
-    LT_CUDA_CHECK(cudaStreamSynchronize(MainStream()));
-    for (const DpBucket& bk : buckets) {
-      const auto [first, last] = bk.Part(me, 2);
-      std::vector<float> got(last - first), want(last - first);
-      LT_CUDA_CHECK(cudaMemcpy(got.data(), grads.Reduced(first), got.size() * sizeof(float),
-                               cudaMemcpyDeviceToHost));
-      for (size_t i = first; i < last; ++i) {
-        if (bk.first_layer < 0) {  // summed over micro-batches here, then over the ranks
-          want[i - first] =
-              (value(me, 0, i) + value(me, 1, i)) + (value(1 - me, 0, i) + value(1 - me, 1, i));
-        } else {
-          float sum = 0.0f;
-          for (int micro = 0; micro < 2; ++micro)
-            sum += value(me, micro, i) + value(1 - me, micro, i);
-          want[i - first] = sum;
+    for (int step = 0; step < 2; ++step) {
+      grads.Zero();  // the optimizer's ZeroGrad
+      r.StepBegins();
+      for (int m = 0; m < 2; ++m) {
+        const int micro = 2 * step + m;
+        r.BackwardBegins();
+        for (int layer = 3; layer >= 0; --layer) {
+          for (const DpBucket& bk : buckets) {
+            if (bk.last_layer != layer) continue;  // written from its top layer on
+            std::vector<float> v(bk.numel);
+            for (size_t i = 0; i < bk.numel; ++i) v[i] = value(me, micro, bk.offset + i);
+            add(grads.At(bk.offset), v);
+          }
+          r.LayerBackwardDone(layer);
         }
+        std::vector<float> v(e);
+        for (size_t i = 0; i < e; ++i) v[i] = value(me, micro, a + b + d + i);
+        add(grads.At(a + b + d), v);
+        r.BackwardDone();
       }
-      c.Equal(got, want, what + " bucket at " + std::to_string(bk.offset));
+      LT_CUDA_CHECK(cudaStreamSynchronize(MainStream()));
+      for (const DpBucket& bk : buckets) {
+        const auto [first, last] = bk.Part(me, 2);
+        std::vector<float> got(last - first), want(last - first);
+        LT_CUDA_CHECK(cudaMemcpy(got.data(), grads.Reduced(first), got.size() * sizeof(float),
+                                 cudaMemcpyDeviceToHost));
+        for (size_t i = first; i < last; ++i) {
+          const int m0 = 2 * step, m1 = m0 + 1;
+          if (bk.first_layer < 0) {  // summed over the micro-batches here, then over the ranks
+            want[i - first] = (value(me, m0, i) + value(me, m1, i)) +
+                              (value(1 - me, m0, i) + value(1 - me, m1, i));
+          } else {
+            want[i - first] = (0.0f + (value(me, m0, i) + value(1 - me, m0, i))) +
+                              (value(me, m1, i) + value(1 - me, m1, i));
+          }
+        }
+        c.Equal(got, want,
+                what + " step " + std::to_string(step) + " bucket at " + std::to_string(bk.offset));
+      }
     }
     ++checked;
   }

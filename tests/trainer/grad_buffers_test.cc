@@ -79,6 +79,33 @@ TEST(GradBuffersTest, LayerBucketsTakeTurnsInTwoSlots) {
   EXPECT_DEATH(g.Reduced(buckets[0].offset), "outside this rank's part");
 }
 
+// Slots are as many as a chunk's layer buckets take turns in (at most two), each the size of the
+// largest bucket that uses it: a chunk of one layer has one slot; six layers merged into buckets
+// of five and one have a slot of each size, not two of five.
+TEST(GradBuffersTest, SlotsFitTheBucketsThatUseThem) {
+  auto layout = ckpt::ModelLayout::Create(SixLayers(), {1, 1, 1});
+  ASSERT_TRUE(layout.ok());
+  auto ops = *CreateOps("cpu");
+  auto held = [&](const std::vector<std::vector<DpBucket>>& chunks) {
+    ParamStore params(ops.get(), *layout, 0, 0, false);
+    params.ShardGrads(chunks, 0, 1);
+    return params.grads().backend_elements();
+  };
+  ParamStore params(ops.get(), *layout, 0, 0, false);
+  const size_t layer = params.Find("decoder.layers.1.input_layernorm.weight")->offset -
+                       params.Find("decoder.layers.0.input_layernorm.weight")->offset;
+  const size_t n = params.size();  // one rank: the sums are every layer, the rest whole
+  // Two virtual chunks, [0, 1) and [1, 6), one layer per bucket: one slot, then two.
+  EXPECT_EQ(held({PlanDpBuckets(params, 0, 1, true, false, 1),
+                  PlanDpBuckets(params, 1, 6, false, true, 1)}),
+            n + 3 * layer);
+  // One chunk, buckets of layers [1, 6) and [0, 1).
+  const std::vector<DpBucket> merged = PlanDpBuckets(params, 0, 6, true, true, n);
+  ASSERT_EQ(merged[0].numel, 5 * layer);
+  ASSERT_EQ(merged[1].numel, layer);
+  EXPECT_EQ(held({merged}), n + 6 * layer);
+}
+
 // Rank `rank` of two in-process Gloo ranks forming one data-parallel group (rendezvous in `dir`).
 absl::StatusOr<ProcessGroups> DataParallelRank(const std::string& dir, int rank) {
   LaunchInfo launch;
@@ -118,48 +145,58 @@ TEST(GradBuffersTest, TwoRanksShardedGradientsStepAsWholeOnes) {
   ASSERT_TRUE(layout.ok());
   auto ops = *CreateOps("cpu");
   const std::string dir = ::testing::TempDir() + "/grad_buffers_" + std::to_string(::getpid());
-  std::vector<float> initial[2], weights[2][2], exp_avg[2][2], exp_avg_sq[2][2];
-  size_t held[2][2] = {};
-  auto run = [&](int rank) {
-    absl::StatusOr<ProcessGroups> groups = DataParallelRank(dir, rank);
-    ASSERT_TRUE(groups.ok()) << groups.status();
-    for (int sharded = 0; sharded < 2; ++sharded) {
-      ParamStore params(ops.get(), *layout, 0, 0, false);
-      const std::vector<DpBucket> buckets = PlanDpBuckets(params, 0, 6, true, true, 1);
-      std::unique_ptr<SlotGradReducer> reducer;
-      if (sharded) {
-        params.ShardGrads({buckets}, rank, 2);
-        reducer = std::make_unique<SlotGradReducer>(ops.get(), &groups->data_parallel_with_cp(),
-                                                    &params.grads(), buckets);
+  // One layer per bucket, and two (6 layers: [5, 4], [3, 2], [1], [0]).
+  for (size_t bucket_elements : {size_t{1}, size_t{5000}}) {
+    std::vector<float> initial[2], weights[2][2], exp_avg[2][2], exp_avg_sq[2][2];
+    size_t held[2][2] = {};
+    auto run = [&](int rank) {
+      absl::StatusOr<ProcessGroups> groups =
+          DataParallelRank(dir + "_" + std::to_string(bucket_elements), rank);
+      ASSERT_TRUE(groups.ok()) << groups.status();
+      for (int sharded = 0; sharded < 2; ++sharded) {
+        ParamStore params(ops.get(), *layout, 0, 0, false);
+        const std::vector<DpBucket> buckets =
+            PlanDpBuckets(params, 0, 6, true, true, bucket_elements);
+        if (bucket_elements > 1) {
+          ASSERT_EQ(buckets[0].first_layer, 4);
+          ASSERT_EQ(buckets[0].last_layer, 5);
+        }
+        std::unique_ptr<SlotGradReducer> reducer;
+        if (sharded) {
+          params.ShardGrads({buckets}, rank, 2);
+          reducer = std::make_unique<SlotGradReducer>(ops.get(), &groups->data_parallel_with_cp(),
+                                                      &params.grads(), buckets);
+        }
+        held[rank][sharded] = params.grads().backend_elements();
+        params.Initialize(9, 0.02);
+        if (!sharded) initial[rank].assign(params.data(), params.data() + params.size());
+        OptimizerOptions oo;
+        oo.distributed = true;
+        oo.buckets = buckets;
+        Optimizer opt(ops.get(), &params, &*groups, oo);
+        for (int step = 0; step < 3; ++step) {
+          opt.ZeroGrad();
+          for (int micro = 0; micro < 3; ++micro)
+            Backward(params, reducer.get(), rank, micro + step);
+          opt.FinalizeGrads();
+          ASSERT_FALSE(opt.Step(1e-2f).skipped);
+        }
+        weights[rank][sharded].assign(params.data(), params.data() + params.size());
+        opt.GatherState(&exp_avg[rank][sharded], &exp_avg_sq[rank][sharded]);
       }
-      held[rank][sharded] = params.grads().backend_elements();
-      params.Initialize(9, 0.02);
-      if (!sharded) initial[rank].assign(params.data(), params.data() + params.size());
-      OptimizerOptions oo;
-      oo.distributed = true;
-      oo.buckets = buckets;
-      Optimizer opt(ops.get(), &params, &*groups, oo);
-      for (int step = 0; step < 3; ++step) {
-        opt.ZeroGrad();
-        for (int micro = 0; micro < 3; ++micro) Backward(params, reducer.get(), rank, micro + step);
-        opt.FinalizeGrads();
-        ASSERT_FALSE(opt.Step(1e-2f).skipped);
-      }
-      weights[rank][sharded].assign(params.data(), params.data() + params.size());
-      opt.GatherState(&exp_avg[rank][sharded], &exp_avg_sq[rank][sharded]);
+    };
+    std::thread a(run, 0), b(run, 1);
+    a.join();
+    b.join();
+    for (int rank = 0; rank < 2; ++rank) {
+      if (bucket_elements == 1) EXPECT_LT(held[rank][1], held[rank][0]);
+      EXPECT_EQ(weights[rank][1], weights[rank][0]) << "rank " << rank << " " << bucket_elements;
+      EXPECT_EQ(exp_avg[rank][1], exp_avg[rank][0]) << "rank " << rank;
+      EXPECT_EQ(exp_avg_sq[rank][1], exp_avg_sq[rank][0]) << "rank " << rank;
     }
-  };
-  std::thread a(run, 0), b(run, 1);
-  a.join();
-  b.join();
-  for (int rank = 0; rank < 2; ++rank) {
-    EXPECT_LT(held[rank][1], held[rank][0]);
-    EXPECT_EQ(weights[rank][1], weights[rank][0]) << "rank " << rank;
-    EXPECT_EQ(exp_avg[rank][1], exp_avg[rank][0]) << "rank " << rank;
-    EXPECT_EQ(exp_avg_sq[rank][1], exp_avg_sq[rank][0]) << "rank " << rank;
+    EXPECT_EQ(weights[0][1], weights[1][1]);
+    EXPECT_NE(weights[0][1], initial[0]);
   }
-  EXPECT_EQ(weights[0][1], weights[1][1]);
-  EXPECT_NE(weights[0][1], initial[0]);
 }
 
 }  // namespace

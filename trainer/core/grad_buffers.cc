@@ -22,24 +22,31 @@ GradBuffers::GradBuffers(Ops* ops, size_t size) : ops_(ops), size_(size) {
 GradBuffers::GradBuffers(Ops* ops, size_t size, const std::vector<std::vector<DpBucket>>& chunks,
                          int rank, int ranks)
     : ops_(ops), size_(size), sharded_(true) {
-  // One allocation: every chunk's slots, then the whole buffers, then the parts' sums.
+  // One allocation: every chunk's slots, then the whole buffers, then the parts' sums. A chunk's
+  // layer buckets take turns in min(kSlots, their number) slots, each the size of the largest
+  // bucket it takes.
   size_t slots = 0, whole = 0, sums = 0;
-  std::vector<size_t> slot_base;  // per chunk
-  std::vector<size_t> slot_size;
-  for (const std::vector<DpBucket>& chunk : chunks) {
-    size_t largest = 0;
-    for (const DpBucket& b : chunk) {
+  std::vector<std::vector<size_t>> slot_at(chunks.size());  // per chunk, per slot: its offset
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    int layer_buckets = 0;
+    for (const DpBucket& b : chunks[c]) layer_buckets += b.first_layer >= 0 ? 1 : 0;
+    const int turns = std::min(kSlots, layer_buckets);
+    std::vector<size_t> size(turns, 0);
+    int turn = 0;
+    for (const DpBucket& b : chunks[c]) {
       if (b.first_layer < 0) {
         whole += b.numel;
-      } else {
-        largest = std::max(largest, b.numel);
-        const auto [first, last] = b.Part(rank, ranks);
-        sums += last - first;
+        continue;
       }
+      size_t& s = size[turn++ % turns];
+      s = std::max(s, b.numel);
+      const auto [first, last] = b.Part(rank, ranks);
+      sums += last - first;
     }
-    slot_base.push_back(slots);
-    slot_size.push_back(largest);
-    slots += kSlots * largest;
+    for (size_t s : size) {
+      slot_at[c].push_back(slots);
+      slots += s;
+    }
   }
   allocated_ = slots + whole + sums;
   memory_ = ops_->Alloc(std::max<size_t>(allocated_, 1));
@@ -57,8 +64,8 @@ GradBuffers::GradBuffers(Ops* ops, size_t size, const std::vector<std::vector<Dp
         k.at = memory_ + whole_at;
         whole_at += b.numel;
       } else {
-        k.slot = turn++ % kSlots;
-        k.at = memory_ + slot_base[c] + static_cast<size_t>(k.slot) * slot_size[c];
+        k.slot = turn++ % static_cast<int>(slot_at[c].size());
+        k.at = memory_ + slot_at[c][k.slot];
         k.sum = memory_ + sum_at;
         sum_at += last - first;
       }

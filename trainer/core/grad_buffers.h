@@ -3,11 +3,12 @@
 //   every micro-batch into it, and data parallelism sums it in buckets once per step.
 //   Sharded (--data-parallel-sharding-strategy optim_grads, ZeRO-2): the layers' gradients are
 //   never held whole. Each model chunk's layer buckets (DpBucket with first_layer >= 0, in the
-//   backward's order) take turns in kSlots buffers the size of the chunk's largest one: the
-//   backward adds a micro-batch's gradient of a bucket into its slot, zeroed just before; once
-//   the bucket's layers are done its slot is summed over the data-parallel ranks and this rank's
-//   part (DpBucket::Part) added to the step's sum of that part (Reduced), which frees the slot
-//   for the bucket after next. A reducer listening to the model does that (the GPU's GradReducer,
+//   backward's order) take turns in kSlots buffers (fewer if it has fewer buckets), each the size
+//   of the largest bucket that uses it: the backward adds a micro-batch's gradient of a bucket
+//   into its slot, zeroed just before; once the bucket's layers are done its slot is summed over
+//   the data-parallel ranks and this rank's part (DpBucket::Part) added to the step's sum of that
+//   part (Reduced), which frees the slot for the bucket after next. The saving is the layers'
+//   share beyond 1/DP less the slots: buckets of a few layers shard most (--ddp-bucket-size). A reducer listening to the model does that (the GPU's GradReducer,
 //   SlotGradReducer elsewhere). The embeddings' and the head's buckets keep whole buffers of
 //   their own: the backward writes them from its first moment to its last (and the bf16 model's
 //   loss computation in the forward), so they are summed once per step in place, as whole ones.

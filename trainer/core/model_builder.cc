@@ -94,6 +94,8 @@ absl::Status BuildBf16Chunks(const TrainArgs& args, ProcessGroups& g,
   ParamStore& p = *m->params;
   const bool sharded_grads = p.grads().sharded();
   if ((dp == nullptr || dp->size() <= 1) && !sharded_grads) return absl::OkStatus();
+  if (dp == nullptr && g.data_parallel_with_cp().size() > 1)
+    return absl::InternalError("the bf16 model's data-parallel group is not an NCCL one");
   if (dp != nullptr && dp->size() <= 1) dp = nullptr;
   cuda::GradReducer::Options ro;
   ro.overlap_grad_reduce = args.overlap_grad_reduce;

@@ -122,6 +122,7 @@ void ParamStore::ShardGrads(const std::vector<std::vector<DpBucket>>& chunks, in
     std::fprintf(stderr, "ParamStore: the gradients are sharded already\n");
     std::abort();
   }
+  grads_.reset();  // the whole buffer goes first: never both at once
   grads_ = std::make_unique<GradBuffers>(ops_, size_, chunks, rank, ranks);
 }
 

@@ -132,9 +132,17 @@ std::string RankReport(const TrainArgs& args, const TrainingModel& m, const Proc
       g.world_rank, g.coords.tp, g.coords.pp, g.coords.dp,
       g.sizes.cp > 1 ? absl::StrFormat(" cp %d", g.coords.cp) : "", layers, m.params->size(),
       weights, grads_mb,
-      m.params->grads().sharded()
-          ? " (sharded: layer buckets in 2 slots, their parts' sums, embeddings and head whole)"
-          : "",
+      !m.params->grads().sharded() ? std::string()
+      : m.params->grads().backend_elements() <= m.params->size()
+          ? std::string(" (sharded: layer buckets taking turns in slots, their parts' sums, "
+                        "embeddings and head "
+                        "whole)")
+          : absl::StrFormat(
+                " (sharded: layer buckets taking turns in slots, their parts' sums, embeddings and "
+                "head "
+                "whole; more than the %.1f MB of whole ones: a smaller --ddp-bucket-size shards "
+                "more)",
+                m.params->size() * 4.0 / (1 << 20)),
       adam_mb,
       !m.optimizer->state_on_host() ? std::string()
       : m.params->host_master()
