@@ -101,6 +101,20 @@ std::string RankReport(const TrainArgs& args, const TrainingModel& m, const Proc
   // bf16 model) beside the norms and embeddings the model reads in fp32, or (offloaded) all of
   // them on the host and those tensors here.
   const double grads_mb = m.params->grads().backend_elements() * 4.0 / (1 << 20);
+  std::string grads_note;
+  if (m.params->grads().sharded()) {
+    grads_note =
+        " (sharded: layer buckets taking turns in slots, their parts' sums, embeddings and head "
+        "whole";
+    if (m.params->grads().backend_elements() > m.params->size()) {
+      absl::StrAppendFormat(&grads_note, "; more than the %.1f MB of whole ones: %s",
+                            m.params->size() * 4.0 / (1 << 20),
+                            g.sizes.dp * g.sizes.cp == 1
+                                ? "one data-parallel rank has nothing to share them with"
+                                : "a smaller --ddp-bucket-size shards more");
+    }
+    grads_note += ")";
+  }
   const double backend_mb = m.params->backend_elements() * 4.0 / (1 << 20);
   const double adam_mb = m.optimizer->state_elements() * 8.0 / (1 << 20);
   std::string weights = absl::StrFormat("fp32 weights %.1f MB", backend_mb);
@@ -131,19 +145,7 @@ std::string RankReport(const TrainArgs& args, const TrainingModel& m, const Proc
       "Adam state %.1f MB%s | peak resident %d MB | %s\n",
       g.world_rank, g.coords.tp, g.coords.pp, g.coords.dp,
       g.sizes.cp > 1 ? absl::StrFormat(" cp %d", g.coords.cp) : "", layers, m.params->size(),
-      weights, grads_mb,
-      !m.params->grads().sharded() ? std::string()
-      : m.params->grads().backend_elements() <= m.params->size()
-          ? std::string(" (sharded: layer buckets taking turns in slots, their parts' sums, "
-                        "embeddings and head "
-                        "whole)")
-          : absl::StrFormat(
-                " (sharded: layer buckets taking turns in slots, their parts' sums, embeddings and "
-                "head "
-                "whole; more than the %.1f MB of whole ones: a smaller --ddp-bucket-size shards "
-                "more)",
-                m.params->size() * 4.0 / (1 << 20)),
-      adam_mb,
+      weights, grads_mb, grads_note, adam_mb,
       !m.optimizer->state_on_host() ? std::string()
       : m.params->host_master()
           ? std::string(" on the host")
