@@ -236,6 +236,9 @@ TEST(ArgsTest, UnevenPipelineSplitIsCheckedLikeMegatronCore) {
   EXPECT_NE(json.find("\"adam_beta2\": 0.94999999999999996"), std::string::npos) << json;
   EXPECT_NE(json.find("\"adam_eps\": 1.0000000000000001e-05"), std::string::npos) << json;
   EXPECT_NE(json.find("\"optimizer_cpu_offload\": true,"), std::string::npos) << json;
+  // Megatron-FSDP's name; without --use-distributed-optimizer plain DP.
+  EXPECT_NE(json.find("\"data_parallel_sharding_strategy\": \"no_shard\","), std::string::npos)
+      << json;
   // Megatron's `fp8` is the format, null without FP8.
   EXPECT_NE(json.find("\"fp8\": null, \"fp8_recipe\": \"delayed\"}"), std::string::npos) << json;
 }

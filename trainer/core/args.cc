@@ -587,7 +587,8 @@ std::string TrainArgsToJson(const TrainArgs& a) {
       "\"clip_grad\": %.17g, \"seed\": %d, \"hidden_dropout\": %.17g, "
       "\"attention_dropout\": %.17g, \"tensor_model_parallel_size\": %d, "
       "\"pipeline_model_parallel_size\": %d, \"data_parallel_size\": %d, "
-      "\"sequence_parallel\": %s, \"use_distributed_optimizer\": %s, \"tokenizer_type\": \"%s\", "
+      "\"sequence_parallel\": %s, \"use_distributed_optimizer\": %s, "
+      "\"data_parallel_sharding_strategy\": \"%s\", \"tokenizer_type\": \"%s\", "
       "\"virtual_pipeline_model_parallel_size\": %d, \"decoder_first_pipeline_num_layers\": %s, "
       "\"decoder_last_pipeline_num_layers\": %s, \"context_parallel_size\": %d, "
       "\"cp_comm_type\": \"%s\", \"reset_position_ids\": %s, \"reset_attention_mask\": %s, "
@@ -597,6 +598,9 @@ std::string TrainArgsToJson(const TrainArgs& a) {
       a.adam_beta2, a.adam_eps, a.clip_grad, a.seed, a.hidden_dropout, a.attention_dropout,
       a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.data_parallel_size(),
       a.sequence_parallel ? "true" : "false", a.use_distributed_optimizer ? "true" : "false",
+      !a.data_parallel_sharding_strategy.empty() ? a.data_parallel_sharding_strategy
+      : a.use_distributed_optimizer              ? "optim"
+                                                 : "no_shard",
       a.tokenizer_type, a.virtual_pipeline_size(), count(a.decoder_first_pipeline_num_layers),
       count(a.decoder_last_pipeline_num_layers), a.context_parallel_size, a.cp_comm_type,
       a.reset_position_ids ? "true" : "false", a.reset_attention_mask ? "true" : "false",
