@@ -5,7 +5,8 @@ interleaved) against one GPU within bf16 tolerance over 50 steps, and Llama laye
 the distributed optimizer, TP2, TP2+SP and interleaved PP2; the float32 model over NCCL
 (TP2+SP, interleaved PP2, CP2 with each --cp-comm-type) against one GPU; resuming a checkpoint
 under another layout; the distributed optimizer with its sharded fp32 weights bitwise plain DP2
-and freeing what its memory line says, and sharded gradients (optim_grads) likewise; FP8 linear layers under DP2 (plain and distributed
+and freeing what its memory line says, and sharded gradients (optim_grads) likewise; the
+offloaded distributed optimizer bitwise the GPU one; FP8 linear layers under DP2 (plain and distributed
 optimizer), TP2, TP2+SP (both transports) and interleaved PP2 (delayed and tensorwise scaling)
 against FP8 on one GPU, DP2 FP8 resumes with and without the distributed optimizer; and a
 killed rank stopping the other instead of
@@ -307,6 +308,24 @@ def test_sharded_gradients_are_bitwise_plain_dp_with_one_micro_batch(dataset, tm
     assert "sharded gradients (optim_grads): each micro-batch's layer buckets reduce-scattered" \
         in zero2.stdout
     assert files(tmp_path / "plain", 12) == files(tmp_path / "zero2", 12)
+
+
+def test_offloaded_distributed_optimizer_is_bitwise_the_gpu_one(dataset, tmp_path):
+    """--optimizer-cpu-offload with --use-distributed-optimizer over DP2: each rank keeps and steps
+    only its part of the fp32 weights and moments on the host (ParamStore kHostSharded), the
+    other rank's parts of the bf16 copy and the norms and embeddings arriving after the step.
+    The update is the GPU's AdamW bit for bit: every loss and every saved tensor equal to the
+    distributed optimizer on the GPUs; the memory line names this rank's part on the host."""
+    args = common(dataset, 12) + ["--bf16", "--deterministic-mode", "--use-distributed-optimizer",
+                                  "--overlap-grad-reduce", "--overlap-param-gather",
+                                  "--eval-interval", "4", "--eval-iters", "1"]
+    gpu = run_train(args + ["--save", tmp_path / "gpu"], nproc=2)
+    host = run_train(args + ["--optimizer-cpu-offload", "--save", tmp_path / "host"], nproc=2)
+    (g, gv), (h, hv) = parse_log(gpu.stdout), parse_log(host.stdout)
+    assert sorted(h) == list(range(1, 13))
+    assert h == g and hv == gv
+    assert "host (--optimizer-cpu-offload): fp32 weights (this rank's part)" in host.stdout
+    assert files(tmp_path / "gpu", 12) == files(tmp_path / "host", 12)
 
 
 GRAD_MEMORY = re.compile(r"\[Rank (\d)\].*GPU in use: (\d+) \|.*, gradients( \(sharded\))? (\d+),")

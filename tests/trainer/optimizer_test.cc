@@ -261,110 +261,140 @@ TEST(OptimizerTest, DistributedPartsMatchOneOptimizer) {
 }
 
 // The distributed optimizer with the fp32 weights sharded too (ParamStore kSharded, as the bf16
-// model's store is under --use-distributed-optimizer): each rank keeps only its parts of the fp32
+// model's store is under --use-distributed-optimizer; kHostSharded, on the host and stepped there,
+// with --optimizer-cpu-offload): each rank keeps only its parts of the fp32
 // weights, yet after every step both hold the reference's bf16 copy whole and its fp32 norms and
 // embeddings (the mirror) bit for bit; GatherMaster assembles the reference's fp32 weights, and
 // loading a tensor rewrites this rank's part, the mirror and the bf16 copy.
 TEST(OptimizerTest, ShardedMasterWeightsMatchOneOptimizer) {
-  const ckpt::ModelConfig config = TinyConfig(false);
-  auto layout = ckpt::ModelLayout::Create(config, {1, 1, 1});
-  ASSERT_TRUE(layout.ok());
-  auto ops = *CreateOps("cpu");
-  auto gradient = [](int rank, size_t i) {
-    return static_cast<float>(std::cos(0.53 * static_cast<double>(i) - rank)) * 0.02f;
-  };
-  OptimizerOptions oo;
-  oo.weight_decay = 0.1f;
-  oo.clip_grad = 0.0f;
-  oo.gather_window = 101;
+  // On the backend (kSharded), and on the host with the step there (kHostSharded:
+  // --optimizer-cpu-offload with the distributed optimizer).
+  for (MasterWeights place : {MasterWeights::kSharded, MasterWeights::kHostSharded}) {
+    const bool on_host = place == MasterWeights::kHostSharded;
+    SCOPED_TRACE(on_host ? "kHostSharded" : "kSharded");
+    const ckpt::ModelConfig config = TinyConfig(false);
+    auto layout = ckpt::ModelLayout::Create(config, {1, 1, 1});
+    ASSERT_TRUE(layout.ok());
+    auto ops = *CreateOps("cpu");
+    auto gradient = [](int rank, size_t i) {
+      return static_cast<float>(std::cos(0.53 * static_cast<double>(i) - rank)) * 0.02f;
+    };
+    OptimizerOptions oo;
+    oo.weight_decay = 0.1f;
+    oo.clip_grad = 0.0f;
+    oo.gather_window = 101;
 
-  ParamStore ref_params(ops.get(), *layout, 0, 0, false);
-  ref_params.Initialize(3, 0.02);
-  const size_t n = ref_params.size();
-  std::vector<uint16_t> ref_low(n);
-  ref_params.set_bf16_copy(ref_low.data());
-  oo.buckets = PlanDpBuckets(ref_params, 0, config.num_layers, true, true, 1000);
-  ASSERT_GT(oo.buckets.size(), 3u);
-  ProcessGroups single = SingleProcessGroups();
-  Optimizer ref(ops.get(), &ref_params, &single, oo);
-  constexpr int kSteps = 3;
-  for (int step = 0; step < kSteps; ++step) {
-    ref.ZeroGrad();
-    for (size_t i = 0; i < n; ++i)
-      ref_params.grad()[i] = (gradient(0, i + step) + gradient(1, i + step)) * 0.5f;
-    ref.FinalizeGrads();
-    ASSERT_FALSE(ref.Step(2e-2f).skipped);
-  }
-  std::vector<float> ref_m, ref_v;
-  ref.GatherState(&ref_m, &ref_v);
-  const float* want = ref_params.data();
-
-  const std::string dir = ::testing::TempDir() + "/sharded_master_" + std::to_string(::getpid());
-  std::vector<float> gathered, got_m[2], got_v[2];
-  std::vector<uint16_t> low[2];
-  size_t backend[2] = {0, 0}, shard[2] = {0, 0};
-  auto run = [&](int rank) {
-    absl::StatusOr<ProcessGroups> groups = DataParallelRank(dir, rank);
-    ASSERT_TRUE(groups.ok()) << groups.status();
-    ParamStore params(ops.get(), *layout, 0, 0, false, MasterWeights::kSharded);
-    params.SetShard(DpOwnedParts(oo.buckets, rank, 2));
-    params.Initialize(3, 0.02);
-    EXPECT_EQ(params.data(), nullptr);
-    ASSERT_NE(params.bf16_copy(), nullptr);  // the store's own
-    OptimizerOptions dist = oo;
-    dist.distributed = true;
-    Optimizer opt(ops.get(), &params, &*groups, dist);
+    ParamStore ref_params(ops.get(), *layout, 0, 0, false);
+    ref_params.Initialize(3, 0.02);
+    const size_t n = ref_params.size();
+    std::vector<uint16_t> ref_low(n);
+    ref_params.set_bf16_copy(ref_low.data());
+    oo.buckets = PlanDpBuckets(ref_params, 0, config.num_layers, true, true, 1000);
+    ASSERT_GT(oo.buckets.size(), 3u);
+    ProcessGroups single = SingleProcessGroups();
+    Optimizer ref(ops.get(), &ref_params, &single, oo);
+    constexpr int kSteps = 3;
     for (int step = 0; step < kSteps; ++step) {
-      opt.ZeroGrad();
-      for (size_t i = 0; i < n; ++i) params.grad()[i] = gradient(rank, i + step);
-      opt.FinalizeGrads();
-      ASSERT_FALSE(opt.Step(2e-2f).skipped);
+      ref.ZeroGrad();
+      for (size_t i = 0; i < n; ++i)
+        ref_params.grad()[i] = (gradient(0, i + step) + gradient(1, i + step)) * 0.5f;
+      ref.FinalizeGrads();
+      ASSERT_FALSE(ref.Step(2e-2f).skipped);
     }
-    for (const auto& [b, e] : params.shard()) {
-      for (size_t i = b; i < e; ++i) {
-        shard[rank] += params.MirrorAt(i) == nullptr;  // the norms and embeddings: in the mirror
-        ASSERT_EQ(*params.Master(i), want[i]) << rank << " " << i;
+    std::vector<float> ref_m, ref_v;
+    ref.GatherState(&ref_m, &ref_v);
+    const float* want = ref_params.data();
+
+    const std::string dir = ::testing::TempDir() + "/sharded_master_" + std::to_string(::getpid()) +
+                            (on_host ? "_host" : "");
+    std::vector<float> gathered, got_m[2], got_v[2], again_m[2], again_v[2];
+    std::vector<uint16_t> low[2];
+    size_t backend[2] = {0, 0}, shard[2] = {0, 0}, host[2] = {0, 0};
+    auto run = [&](int rank) {
+      absl::StatusOr<ProcessGroups> groups = DataParallelRank(dir, rank);
+      ASSERT_TRUE(groups.ok()) << groups.status();
+      ParamStore params(ops.get(), *layout, 0, 0, false, place);
+      params.SetShard(DpOwnedParts(oo.buckets, rank, 2));
+      params.Initialize(3, 0.02);
+      EXPECT_EQ(params.data(), nullptr);
+      ASSERT_NE(params.bf16_copy(), nullptr);  // the store's own
+      OptimizerOptions dist = oo;
+      dist.distributed = true;
+      dist.cpu_offload = on_host;
+      dist.host_threads = 2;
+      dist.offload_piece = 97;  // pieces that cut the parts and tensors in the middle
+      Optimizer opt(ops.get(), &params, &*groups, dist);
+      EXPECT_EQ(opt.state_on_host(), on_host);
+      for (int step = 0; step < kSteps; ++step) {
+        opt.ZeroGrad();
+        for (size_t i = 0; i < n; ++i) params.grad()[i] = gradient(rank, i + step);
+        opt.FinalizeGrads();
+        ASSERT_FALSE(opt.Step(2e-2f).skipped);
       }
+      float *hm = nullptr, *hv = nullptr;
+      EXPECT_FALSE(opt.HostState(&hm, &hv));  // no rank holds the moments whole
+      for (const auto& [b, e] : params.shard()) {
+        for (size_t i = b; i < e; ++i) {
+          shard[rank] += params.MirrorAt(i) == nullptr;  // the norms and embeddings: in the mirror
+          ASSERT_EQ(*params.Master(i), want[i]) << rank << " " << i;
+        }
+      }
+      for (const ParamView& v : params.views()) {
+        if (v.mirror == ParamView::kNoMirror) continue;
+        const float* mirror = params.Param(v.name);
+        for (size_t j = 0; j < v.numel; ++j)
+          ASSERT_EQ(mirror[j], want[v.offset + j]) << "rank " << rank << " " << v.name << " " << j;
+      }
+      low[rank].assign(params.bf16_copy(), params.bf16_copy() + n);
+      backend[rank] = params.backend_elements();
+      host[rank] = params.host_elements();
+      opt.GatherMaster(rank == 0 ? &gathered : nullptr);
+      opt.GatherState(&got_m[rank], &got_v[rank]);
+      {
+        Optimizer fresh(ops.get(), &params, &*groups, dist);
+        fresh.ScatterState(got_m[rank], got_v[rank]);
+        fresh.GatherState(&again_m[rank], &again_v[rank]);
+      }
+      // Loading a tensor: this rank's part of it, its mirror and its bf16 copy.
+      const ParamView* emb = params.Find("embedding.word_embeddings.weight");
+      std::vector<float> values(emb->numel);
+      for (size_t j = 0; j < values.size(); ++j) values[j] = 0.25f + static_cast<float>(j) / 1024;
+      params.SetFromHost(*emb, values.data());
+      for (size_t j = 0; j < emb->numel; ++j) {
+        ASSERT_EQ(params.Param(emb->name)[j], values[j]);
+        ASSERT_EQ(params.bf16_copy()[emb->offset + j], ckpt::FloatToBFloat16(values[j]));
+      }
+      for (const auto& [b, e] : params.shard())
+        for (size_t i = std::max(b, emb->offset); i < std::min(e, emb->offset + emb->numel); ++i)
+          ASSERT_EQ(*params.Master(i), values[i - emb->offset]);
+    };
+    std::thread a(run, 0), b(run, 1);
+    a.join();
+    b.join();
+    size_t mirrored = 0;
+    for (const ParamView& v : ref_params.views())
+      mirrored += Bf16ModelReadsFp32(v.name) ? v.numel : 0;
+    EXPECT_EQ(shard[0] + shard[1], n - mirrored);
+    for (int rank = 0; rank < 2; ++rank) {
+      if (on_host) {  // all of this rank's part on the host; only the mirror here
+        size_t owned = 0;
+        for (const auto& [b, e] : DpOwnedParts(oo.buckets, rank, 2)) owned += e - b;
+        EXPECT_EQ(backend[rank], mirrored);
+        EXPECT_EQ(host[rank], owned);
+      } else {
+        EXPECT_EQ(backend[rank], shard[rank] + mirrored);
+        EXPECT_EQ(host[rank], 0u);
+      }
+      EXPECT_LT(backend[rank], n);
+      EXPECT_EQ(low[rank], ref_low) << "rank " << rank;
+      EXPECT_EQ(got_m[rank], ref_m);
+      EXPECT_EQ(got_v[rank], ref_v);
+      EXPECT_EQ(again_m[rank], ref_m);
+      EXPECT_EQ(again_v[rank], ref_v);
     }
-    for (const ParamView& v : params.views()) {
-      if (v.mirror == ParamView::kNoMirror) continue;
-      const float* mirror = params.Param(v.name);
-      for (size_t j = 0; j < v.numel; ++j)
-        ASSERT_EQ(mirror[j], want[v.offset + j]) << "rank " << rank << " " << v.name << " " << j;
-    }
-    low[rank].assign(params.bf16_copy(), params.bf16_copy() + n);
-    backend[rank] = params.backend_elements();
-    opt.GatherMaster(rank == 0 ? &gathered : nullptr);
-    opt.GatherState(&got_m[rank], &got_v[rank]);
-    // Loading a tensor: this rank's part of it, its mirror and its bf16 copy.
-    const ParamView* emb = params.Find("embedding.word_embeddings.weight");
-    std::vector<float> values(emb->numel);
-    for (size_t j = 0; j < values.size(); ++j) values[j] = 0.25f + static_cast<float>(j) / 1024;
-    params.SetFromHost(*emb, values.data());
-    for (size_t j = 0; j < emb->numel; ++j) {
-      ASSERT_EQ(params.Param(emb->name)[j], values[j]);
-      ASSERT_EQ(params.bf16_copy()[emb->offset + j], ckpt::FloatToBFloat16(values[j]));
-    }
-    for (const auto& [b, e] : params.shard())
-      for (size_t i = std::max(b, emb->offset); i < std::min(e, emb->offset + emb->numel); ++i)
-        ASSERT_EQ(*params.Master(i), values[i - emb->offset]);
-  };
-  std::thread a(run, 0), b(run, 1);
-  a.join();
-  b.join();
-  size_t mirrored = 0;
-  for (const ParamView& v : ref_params.views())
-    mirrored += Bf16ModelReadsFp32(v.name) ? v.numel : 0;
-  EXPECT_EQ(shard[0] + shard[1], n - mirrored);
-  for (int rank = 0; rank < 2; ++rank) {
-    EXPECT_EQ(backend[rank], shard[rank] + mirrored);
-    EXPECT_LT(backend[rank], n);
-    EXPECT_EQ(low[rank], ref_low) << "rank " << rank;
-    EXPECT_EQ(got_m[rank], ref_m);
-    EXPECT_EQ(got_v[rank], ref_v);
+    ASSERT_EQ(gathered.size(), n);
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(gathered[i], want[i]) << "weight " << i;
   }
-  ASSERT_EQ(gathered.size(), n);
-  for (size_t i = 0; i < n; ++i) ASSERT_EQ(gathered[i], want[i]) << "weight " << i;
 }
 
 // A sharded store holds only its shard: reading another rank's weight, or writing before the

@@ -524,11 +524,11 @@ absl::Status ValidateTrainArgs(TrainArgs* a) {
       return bad(
           "--optimizer-cpu-offload steps whole gradients on the host; it does not go with "
           "--data-parallel-sharding-strategy optim_grads");
-    if (a->use_distributed_optimizer && dp * cp > 1)
+    if (a->use_distributed_optimizer && dp * cp > 1 && a->optimizer_offload_fraction != 1.0)
       return bad(
-          "--optimizer-cpu-offload with --use-distributed-optimizer is implemented for "
-          "one data-parallel rank (DP x CP = 1), not ",
-          dp * cp, ": use plain data parallelism, where each rank steps on its host");
+          "--optimizer-offload-fraction below 1 with --use-distributed-optimizer is implemented "
+          "for one data-parallel rank (DP x CP = 1), not ",
+          dp * cp, ": each rank offloads its whole part");
   }
   return absl::OkStatus();
 }

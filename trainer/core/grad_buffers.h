@@ -8,10 +8,11 @@
 //   into its slot, zeroed just before; once the bucket's layers are done its slot is summed over
 //   the data-parallel ranks and this rank's part (DpBucket::Part) added to the step's sum of that
 //   part (Reduced), which frees the slot for the bucket after next. The saving is the layers'
-//   share beyond 1/DP less the slots: buckets of a few layers shard most (--ddp-bucket-size). A reducer listening to the model does that (the GPU's GradReducer,
-//   SlotGradReducer elsewhere). The embeddings' and the head's buckets keep whole buffers of
-//   their own: the backward writes them from its first moment to its last (and the bf16 model's
-//   loss computation in the forward), so they are summed once per step in place, as whole ones.
+//   share beyond 1/DP less the slots: buckets of a few layers shard most (--ddp-bucket-size). A
+//   reducer listening to the model does that (the GPU's GradReducer, SlotGradReducer elsewhere).
+//   The embeddings' and the head's buckets keep whole buffers of their own: the backward writes
+//   them from its first moment to its last (and the bf16 model's loss computation in the forward),
+//   so they are summed once per step in place, as whole ones.
 // Every micro-batch's gradient is summed over the ranks this way, not the step's: the same sums
 // in another order with gradient accumulation, the same bits with one micro-batch per step.
 #pragma once

@@ -133,14 +133,15 @@ absl::StatusOr<TrainingModel> BuildTrainingModel(const TrainArgs& args, ProcessG
       ckpt::ModelLayout::Create(ModelConfigFromArgs(args), ParallelConfigFromArgs(args));
   if (!layout.ok()) return layout.status();
   m.layout = std::make_unique<ckpt::ModelLayout>(std::move(*layout));
-  // The fp32 weights: on the host with --optimizer-cpu-offload; with the distributed optimizer
-  // of the bf16 model over DP × CP > 1 only this rank's parts (the model computes with its bf16
-  // copy, and with an fp32 mirror of the norms and embeddings); otherwise all of them.
+  // The fp32 weights: with the distributed optimizer of the bf16 model over DP × CP > 1 only
+  // this rank's parts (the model computes with its bf16 copy, and with an fp32 mirror of the
+  // norms and embeddings), otherwise all of them; on the host with --optimizer-cpu-offload.
   Communicator& dp_cp = g.data_parallel_with_cp();
-  const MasterWeights master = args.optimizer_cpu_offload ? MasterWeights::kHost
-                               : args.bf16 && args.use_distributed_optimizer && dp_cp.size() > 1
-                                   ? MasterWeights::kSharded
-                                   : MasterWeights::kWhole;
+  const bool shard_master = args.bf16 && args.use_distributed_optimizer && dp_cp.size() > 1;
+  const MasterWeights master =
+      args.optimizer_cpu_offload
+          ? (shard_master ? MasterWeights::kHostSharded : MasterWeights::kHost)
+          : (shard_master ? MasterWeights::kSharded : MasterWeights::kWhole);
   m.params =
       std::make_unique<ParamStore>(m.ops.get(), *m.layout, g.coords.tp, g.coords.pp,
                                    args.sequence_parallel, master, args.optimizer_offload_fraction);
@@ -156,7 +157,7 @@ absl::StatusOr<TrainingModel> BuildTrainingModel(const TrainArgs& args, ProcessG
                                           static_cast<size_t>(args.ddp_bucket_size)));
     all_buckets.insert(all_buckets.end(), chunk_buckets.back().begin(), chunk_buckets.back().end());
   }
-  if (master == MasterWeights::kSharded)
+  if (m.params->sharded())
     m.params->SetShard(DpOwnedParts(all_buckets, dp_cp.rank(), dp_cp.size()));
   // ZeRO-2: the layers' gradients in slots, each rank keeping the sum of its parts (before a
   // model binds its gradients).
@@ -206,7 +207,7 @@ absl::StatusOr<TrainingModel> BuildTrainingModel(const TrainArgs& args, ProcessG
   // The offloaded step runs beside the next forward (the bf16 model, the only one that offloads,
   // announces which weights it reads), on every core of the rank's share but the one that issues
   // the forward.
-  oo.overlap_host_step = args.optimizer_cpu_offload && args.bf16;
+  oo.overlap_host_step = master == MasterWeights::kHost && args.bf16;
   const int cores = std::max(1, UsableCores() / std::max(1, local_ranks));
   oo.host_threads = oo.overlap_host_step ? std::max(1, cores - 1) : cores;
   m.optimizer = std::make_unique<Optimizer>(m.ops.get(), m.params.get(), &g, oo);

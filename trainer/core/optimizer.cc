@@ -58,9 +58,13 @@ Optimizer::Optimizer(Ops* ops, ParamStore* params, ProcessGroups* groups,
   // owner of everything (offloading) both in the flat order.
   host_begin_ = state_elements_;
   if (opt_.cpu_offload) {
-    if (sharded() || !params_->offloaded() || params_->grads().sharded()) {
+    // One owner of everything (kHost), or this rank's parts (kHostSharded), stepped
+    // synchronously: the other ranks gather them after the step.
+    if (!params_->offloaded() || params_->grads().sharded() || sharded() != params_->sharded() ||
+        (sharded() && opt_.overlap_host_step)) {
       std::fprintf(stderr,
-                   "Optimizer: the offloaded step needs the weights on the host, one owner and "
+                   "Optimizer: the offloaded step needs the weights on the host (this rank's "
+                   "parts with the distributed optimizer, stepped before the next forward) and "
                    "whole gradients\n");
       std::abort();
     }
@@ -334,7 +338,11 @@ void Optimizer::GatherMaster(std::vector<float>* out) {
         if (pb >= pe) continue;
         for (size_t x = pb; r == dp.rank() && x < pe;) {
           const size_t y = std::min(pe, params_->MasterRunEnd(x));
-          ops_->Copy(buffer + (x - w), params_->Master(x), y - x);
+          if (params_->offloaded()) {  // this rank's parts in host memory
+            ops_->CopyFromHost(buffer + (x - w), params_->Master(x), (y - x) * sizeof(float));
+          } else {
+            ops_->Copy(buffer + (x - w), params_->Master(x), y - x);
+          }
           x = y;
         }
         dp.Broadcast(buffer + (pb - w), pe - pb, r);
@@ -350,7 +358,7 @@ void Optimizer::GatherState(std::vector<float>* exp_avg, std::vector<float>* exp
   const size_t n = params_->size();
   exp_avg->assign(n, 0.0f);
   exp_avg_sq->assign(n, 0.0f);
-  if (host_ != nullptr) {
+  if (host_ != nullptr && !sharded()) {
     const size_t b = host_begin_;
     if (b > 0) {
       ops_->CopyToHost(exp_avg->data(), exp_avg_, b * sizeof(float));
@@ -370,13 +378,22 @@ void Optimizer::GatherState(std::vector<float>* exp_avg, std::vector<float>* exp
   // DP is the whole.
   const size_t window = std::max<size_t>(1, std::min(n, opt_.gather_window));
   float* buffer = ops_->Alloc(window);
-  for (auto [state, host] : {std::pair{exp_avg_, exp_avg}, std::pair{exp_avg_sq_, exp_avg_sq}}) {
+  // The moments of this rank's parts: on the backend, or on the host (offloaded).
+  float* const m = host_ != nullptr ? host_->exp_avg() : exp_avg_;
+  float* const v = host_ != nullptr ? host_->exp_avg_sq() : exp_avg_sq_;
+  for (auto [state, host] : {std::pair{m, exp_avg}, std::pair{v, exp_avg_sq}}) {
     for (size_t w = 0; w < n; w += window) {
       const size_t len = std::min(window, n - w);
       ops_->Zero(buffer, len);
       for (const Owned& o : owned_) {
         const size_t b = std::max(o.begin, w), e = std::min(o.end, w + len);
-        if (b < e) ops_->Copy(buffer + (b - w), state + o.state + (b - o.begin), e - b);
+        if (b >= e) continue;
+        const float* from = state + o.state + (b - o.begin);
+        if (host_ != nullptr) {
+          ops_->CopyFromHost(buffer + (b - w), from, (e - b) * sizeof(float));
+        } else {
+          ops_->Copy(buffer + (b - w), from, e - b);
+        }
       }
       dp_cp().AllReduceSum(buffer, len);
       ops_->CopyToHost(host->data() + w, buffer, len * sizeof(float));
@@ -387,7 +404,7 @@ void Optimizer::GatherState(std::vector<float>* exp_avg, std::vector<float>* exp
 
 bool Optimizer::HostState(float** exp_avg, float** exp_avg_sq) {
   FinishHostStep();
-  if (host_ == nullptr || host_begin_ > 0) return false;
+  if (host_ == nullptr || host_begin_ > 0 || sharded()) return false;
   *exp_avg = host_->exp_avg();
   *exp_avg_sq = host_->exp_avg_sq();
   return true;
@@ -396,7 +413,8 @@ bool Optimizer::HostState(float** exp_avg, float** exp_avg_sq) {
 void Optimizer::ScatterState(const std::vector<float>& exp_avg,
                              const std::vector<float>& exp_avg_sq) {
   FinishHostStep();
-  if (host_ != nullptr) {  // one owner: [0, host_begin_) on the backend, the rest here
+  // One owner (offloaded): [0, host_begin_) on the backend, the rest on the host.
+  if (host_ != nullptr && !sharded()) {
     const size_t b = host_begin_, rest = (params_->size() - b) * sizeof(float);
     if (b > 0) {
       ops_->CopyFromHost(exp_avg_, exp_avg.data(), b * sizeof(float));
@@ -408,6 +426,11 @@ void Optimizer::ScatterState(const std::vector<float>& exp_avg,
   }
   for (const Owned& o : owned_) {
     const size_t bytes = (o.end - o.begin) * sizeof(float);
+    if (host_ != nullptr) {  // this rank's parts, offloaded
+      std::memcpy(host_->exp_avg() + o.state, exp_avg.data() + o.begin, bytes);
+      std::memcpy(host_->exp_avg_sq() + o.state, exp_avg_sq.data() + o.begin, bytes);
+      continue;
+    }
     ops_->CopyFromHost(exp_avg_ + o.state, exp_avg.data() + o.begin, bytes);
     ops_->CopyFromHost(exp_avg_sq_ + o.state, exp_avg_sq.data() + o.begin, bytes);
   }

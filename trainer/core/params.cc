@@ -96,6 +96,7 @@ ParamStore::ParamStore(Ops* ops, const ckpt::ModelLayout& layout, int tp_rank, i
       mirror_ = ops_->Alloc(mirror_size_);
       break;
     case MasterWeights::kSharded:  // the shard itself once SetShard says which it is
+    case MasterWeights::kHostSharded:
       mirror_ = ops_->Alloc(mirror_size_);
       own_bf16_ = ops_->Alloc((size_ + 1) / 2);
       bf16_copy_ = reinterpret_cast<uint16_t*>(own_bf16_);
@@ -105,8 +106,8 @@ ParamStore::ParamStore(Ops* ops, const ckpt::ModelLayout& layout, int tp_rank, i
 }
 
 ParamStore::~ParamStore() {
-  if (master_place_ == MasterWeights::kHost) {
-    ops_->FreePinned(master_);
+  if (offloaded()) {
+    if (master_ != nullptr) ops_->FreePinned(master_);
   } else if (master_ != nullptr) {
     ops_->Free(master_);
   }
@@ -148,7 +149,10 @@ void ParamStore::SetShard(std::vector<std::pair<size_t, size_t>> ranges) {
     for (const ParamView& v : views_) {
       const size_t b = std::max(sb, v.offset), e = std::min(se, v.offset + v.numel);
       if (b >= e) continue;
-      const size_t m = v.mirror == kNone ? kNone : v.mirror + (b - v.offset);
+      // On the host every piece is stepped in the shard (the mirror is refreshed from it).
+      const size_t m = v.mirror == kNone || master_place_ == MasterWeights::kHostSharded
+                           ? kNone
+                           : v.mirror + (b - v.offset);
       Piece* last = pieces.empty() ? nullptr : &pieces.back();
       if (last != nullptr && last->end == b && (last->mirror == kNone) == (m == kNone) &&
           (m == kNone || last->mirror + (last->end - last->begin) == m)) {
@@ -160,7 +164,9 @@ void ParamStore::SetShard(std::vector<std::pair<size_t, size_t>> ranges) {
   }
   for (const Piece& p : pieces)
     if (p.mirror == kNone) shard_size_ += p.end - p.begin;
-  master_ = ops_->Alloc(std::max<size_t>(shard_size_, 1));
+  master_ = master_place_ == MasterWeights::kHostSharded
+                ? static_cast<float*>(ops_->AllocPinned(std::max<size_t>(shard_size_, 1) * 4))
+                : ops_->Alloc(std::max<size_t>(shard_size_, 1));
   size_t packed = 0;
   for (const Piece& p : pieces) {
     if (p.mirror != kNone) {
@@ -180,8 +186,21 @@ size_t ParamStore::backend_elements() const {
       return host_begin_ + mirror_size_;
     case MasterWeights::kSharded:
       return shard_size_ + mirror_size_;
+    case MasterWeights::kHostSharded:
+      return mirror_size_;
   }
   return size_;
+}
+
+size_t ParamStore::host_elements() const {
+  switch (master_place_) {
+    case MasterWeights::kHost:
+      return size_ - host_begin_;
+    case MasterWeights::kHostSharded:
+      return shard_size_;
+    default:
+      return 0;
+  }
 }
 
 const ParamView* ParamStore::Find(const std::string& name) const {
@@ -197,7 +216,7 @@ const ParamStore::Run* ParamStore::RunOf(size_t flat) const {
 }
 
 float* ParamStore::Master(size_t flat) {
-  if (offloaded())
+  if (master_place_ == MasterWeights::kHost)
     return flat < host_begin_ ? device_master_ + flat : master_ + (flat - host_begin_);
   if (!sharded()) return master_ + flat;
   const Run* r = RunOf(flat);
@@ -209,7 +228,7 @@ float* ParamStore::Master(size_t flat) {
 }
 
 size_t ParamStore::MasterRunEnd(size_t flat) const {
-  if (offloaded() && flat < host_begin_) return host_begin_;
+  if (master_place_ == MasterWeights::kHost && flat < host_begin_) return host_begin_;
   if (!sharded()) return size_;
   const Run* r = RunOf(flat);
   return r == nullptr ? flat : r->end;
@@ -282,18 +301,25 @@ void ParamStore::Write(const ParamView& view, const float* host) {
         std::memcpy(Master(view.offset), host, bytes);
       }
       break;
-    case MasterWeights::kSharded: {
+    case MasterWeights::kSharded:
+    case MasterWeights::kHostSharded: {
       if (master_ == nullptr) {
         std::fprintf(stderr, "ParamStore: %s written before SetShard\n", view.name.c_str());
         std::abort();
       }
-      // This rank's part outside the mirror (a mirrored view goes to the mirror whole, below).
-      if (view.mirror == ParamView::kNoMirror) {
+      // This rank's part: on the host all of it; on the backend outside the mirror (a mirrored
+      // view goes to the mirror whole, below).
+      const bool on_host = master_place_ == MasterWeights::kHostSharded;
+      if (on_host || view.mirror == ParamView::kNoMirror) {
         for (const Run& r : runs_) {
           const size_t b = std::max(r.begin, view.offset);
           const size_t e = std::min(r.end, view.offset + view.numel);
-          if (b < e)
+          if (b >= e) continue;
+          if (on_host) {
+            std::memcpy(r.at + (b - r.begin), host + (b - view.offset), (e - b) * 4);
+          } else {
             ops_->CopyFromHost(r.at + (b - r.begin), host + (b - view.offset), (e - b) * 4);
+          }
         }
       }
       // The bf16 copy, rounded here as the model's conversion rounds (to nearest even).

@@ -55,7 +55,11 @@ bool Bf16ModelReadsFp32(const std::string& name);
 //     bf16 copy, which this store then allocates and writes on every rewrite. The other ranks'
 //     parts of the bf16 copy and the mirror arrive after each step (the gradient reducer, or
 //     Optimizer).
-enum class MasterWeights { kWhole, kHost, kSharded };
+//   kHostSharded (--optimizer-cpu-offload with the distributed optimizer over DP x CP > 1): as
+//     kSharded, but this rank's ranges, all of them, in pinned host memory, packed in flat order
+//     (the order of the optimizer's moments), where the host steps them; the mirror and the bf16
+//     copy on the backend as with kSharded, the host step writing this rank's parts of both.
+enum class MasterWeights { kWhole, kHost, kSharded, kHostSharded };
 
 class ParamStore {
  public:
@@ -67,8 +71,9 @@ class ParamStore {
   ParamStore(const ParamStore&) = delete;
   ParamStore& operator=(const ParamStore&) = delete;
 
-  // kSharded: the sorted, disjoint flat ranges of the fp32 weights this rank keeps and steps
-  // (its parts of the data-parallel buckets); once, before Initialize or any SetFromHost.
+  // kSharded, kHostSharded: the sorted, disjoint flat ranges of the fp32 weights this rank keeps
+  // and steps (its parts of the data-parallel buckets); once, before Initialize or any
+  // SetFromHost.
   void SetShard(std::vector<std::pair<size_t, size_t>> ranges);
 
   // Megatron's initialisation, computed on the full tensor and then sharded, so that every layout
@@ -96,16 +101,25 @@ class ParamStore {
   void ShardGrads(const std::vector<std::vector<DpBucket>>& chunks, int rank, int ranks);
   size_t size() const { return size_; }
   MasterWeights master() const { return master_place_; }
-  // kHost: the optimizer steps [host_begin(), size()) on the host, the rest on the backend.
-  bool offloaded() const { return master_place_ == MasterWeights::kHost; }
+  // kHost: the optimizer steps [host_begin(), size()) on the host, the rest on the backend;
+  // kHostSharded: this rank's shard on the host.
+  bool offloaded() const {
+    return master_place_ == MasterWeights::kHost || master_place_ == MasterWeights::kHostSharded;
+  }
   size_t host_begin() const { return offloaded() ? host_begin_ : size_; }
   // Every fp32 weight in pinned host memory, data() in the flat order.
-  bool host_master() const { return offloaded() && host_begin_ == 0; }
-  bool sharded() const { return master_place_ == MasterWeights::kSharded; }
+  bool host_master() const { return master_place_ == MasterWeights::kHost && host_begin_ == 0; }
+  // Only this rank's ranges (kSharded, kHostSharded).
+  bool sharded() const {
+    return master_place_ == MasterWeights::kSharded || master_place_ == MasterWeights::kHostSharded;
+  }
   const std::vector<std::pair<size_t, size_t>>& shard() const { return shard_; }
   // fp32 elements the backend holds for the weights: all of them; the part before host_begin()
-  // and the mirror (kHost); the shard outside the mirror, and the mirror (kSharded).
+  // and the mirror (kHost); the shard outside the mirror, and the mirror (kSharded); the mirror
+  // (kHostSharded).
   size_t backend_elements() const;
+  // fp32 elements of the weights in host memory (kHost, kHostSharded; 0 otherwise).
+  size_t host_elements() const;
   const std::vector<ParamView>& views() const { return views_; }
   const ParamView* Find(const std::string& name) const;
   // The fp32 weights the model computes with (backend memory); nullptr when this rank does not

@@ -63,23 +63,23 @@ std::string MemoryLine(const TrainArgs& args, const TrainingModel& m, const Proc
     const int64_t grads = static_cast<int64_t>(m.params->grads().backend_elements()) * 4;
     const int64_t host_adam = static_cast<int64_t>(m.optimizer->host_state_elements()) * 8;
     const int64_t adam = static_cast<int64_t>(m.optimizer->state_elements()) * 8 - host_adam;
-    const int64_t host_weights =
-        static_cast<int64_t>(m.params->size() - m.params->host_begin()) * 4;
+    const int64_t host_weights = static_cast<int64_t>(m.params->host_elements()) * 4;
+    const bool host_part = m.params->offloaded() && m.params->sharded();
     const bool host = m.optimizer->state_on_host();
     gpu = absl::StrFormat(
         " GPU in use: %d | of which %s %d, gradients%s %d, Adam state %d, bf16 "
         "weights, activations and workspaces %d |",
         cuda::DeviceMemoryInUse() >> 20,
-        m.params->host_master() ? "fp32 norms and embeddings"
-        : host                  ? "fp32 weights (the GPU's part; norms and embeddings whole)"
-        : m.params->sharded()   ? "fp32 weights (this rank's part, norms and embeddings whole)"
-                                : "parameters",
+        m.params->host_master() || host_part ? "fp32 norms and embeddings"
+        : host                ? "fp32 weights (the GPU's part; norms and embeddings whole)"
+        : m.params->sharded() ? "fp32 weights (this rank's part, norms and embeddings whole)"
+                              : "parameters",
         params >> 20, m.params->grads().sharded() ? " (sharded)" : "", grads >> 20, adam >> 20,
         acts >> 20);
     if (host) {
-      absl::StrAppendFormat(&gpu,
-                            " host (--optimizer-cpu-offload): fp32 weights %d, Adam state %d |",
-                            host_weights >> 20, host_adam >> 20);
+      absl::StrAppendFormat(
+          &gpu, " host (--optimizer-cpu-offload): fp32 weights%s %d, Adam state %d |",
+          host_part ? " (this rank's part)" : "", host_weights >> 20, host_adam >> 20);
     }
   }
 #endif
@@ -118,10 +118,14 @@ std::string RankReport(const TrainArgs& args, const TrainingModel& m, const Proc
   const double backend_mb = m.params->backend_elements() * 4.0 / (1 << 20);
   const double adam_mb = m.optimizer->state_elements() * 8.0 / (1 << 20);
   std::string weights = absl::StrFormat("fp32 weights %.1f MB", backend_mb);
-  if (m.params->sharded()) {
+  const double host_mb = m.params->host_elements() * 4.0 / (1 << 20);
+  if (m.params->offloaded() && m.params->sharded()) {
+    weights = absl::StrFormat(
+        "fp32 weights %.1f MB on the host (its part; norms and embeddings %.1f MB here, whole)",
+        host_mb, backend_mb);
+  } else if (m.params->sharded()) {
     absl::StrAppend(&weights, " (its part; norms and embeddings whole)");
   } else if (m.params->offloaded()) {
-    const double host_mb = (m.params->size() - m.params->host_begin()) * 4.0 / (1 << 20);
     weights = m.params->host_master()
                   ? absl::StrFormat(
                         "fp32 weights %.1f MB on the host (norms and embeddings %.1f MB here)",
@@ -147,7 +151,7 @@ std::string RankReport(const TrainArgs& args, const TrainingModel& m, const Proc
       g.sizes.cp > 1 ? absl::StrFormat(" cp %d", g.coords.cp) : "", layers, m.params->size(),
       weights, grads_mb, grads_note, adam_mb,
       !m.optimizer->state_on_host() ? std::string()
-      : m.params->host_master()
+      : m.optimizer->host_state_elements() == m.optimizer->state_elements()
           ? std::string(" on the host")
           : absl::StrFormat(" (%.1f MB of it on the host)",
                             m.optimizer->host_state_elements() * 8.0 / (1 << 20)),
