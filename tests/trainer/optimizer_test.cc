@@ -350,6 +350,13 @@ TEST(OptimizerTest, ShardedMasterWeightsMatchOneOptimizer) {
       host[rank] = params.host_elements();
       opt.GatherMaster(rank == 0 ? &gathered : nullptr);
       opt.GatherState(&got_m[rank], &got_v[rank]);
+      // A rank that writes no checkpoint takes part without receiving them.
+      std::vector<float> only_m, only_v;
+      opt.GatherState(rank == 0 ? &only_m : nullptr, rank == 0 ? &only_v : nullptr);
+      if (rank == 0) {
+        EXPECT_EQ(only_m, got_m[0]);
+        EXPECT_EQ(only_v, got_v[0]);
+      }
       {
         Optimizer fresh(ops.get(), &params, &*groups, dist);
         fresh.ScatterState(got_m[rank], got_v[rank]);

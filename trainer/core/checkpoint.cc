@@ -196,7 +196,8 @@ absl::Status SaveTrainingCheckpoint(const TrainArgs& args, const ckpt::ModelLayo
   // where they are, not copied (they may fill most of the host).
   float *m = nullptr, *v = nullptr;
   if (!optimizer.HostState(&m, &v)) {
-    optimizer.GatherState(&exp_avg, &exp_avg_sq);  // collective over DP × CP
+    // Collective over DP × CP; only the writers keep them (each holds the whole shard's).
+    optimizer.GatherState(writer ? &exp_avg : nullptr, writer ? &exp_avg_sq : nullptr);
     m = exp_avg.data();
     v = exp_avg_sq.data();
   }

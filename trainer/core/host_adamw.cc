@@ -183,7 +183,9 @@ void HostAdamW::Run() {
     if (up_pending[slot]) ops_->WaitCopy(up[slot]);  // its bf16 stage is free again
     const float* g = grad_stage_ + slot * piece_;
     uint16_t* out = bf16_stage_ + slot * piece_;
-    float* w = params_->Master(p.begin);  // the host's part is one run
+    // A piece joins only ranges contiguous in the flat and the moments' order, which the
+    // host's weights follow (one run, or this rank's parts packed): one run of them.
+    float* w = params_->Master(p.begin);
     float* m = exp_avg_.data() + p.state;
     float* v = exp_avg_sq_.data() + p.state;
     const auto begin = Clock::now();

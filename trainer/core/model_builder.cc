@@ -108,8 +108,8 @@ absl::Status BuildBf16Chunks(const TrainArgs& args, ProcessGroups& g,
   for (int v = 0; v < args.virtual_pipeline_size(); ++v) {
     ro.first_layer = m->models[v]->first_layer();
     // The weights it gathers (distributed optimizer): the fp32 ones and the bf16 copy, or with
-    // the fp32 ones sharded the bf16 copy and the mirror (no data()); on the host
-    // (--optimizer-cpu-offload, one owner of every part) there is nothing to gather.
+    // the fp32 ones sharded (on the backend or, offloaded, on the host: no data()) the bf16 copy
+    // and the mirror; offloaded on one data-parallel rank there is nothing to gather.
     auto reducer = std::make_unique<cuda::GradReducer>(
         dp, p.grad(), p.master() == MasterWeights::kWhole ? p.data() : nullptr,
         reinterpret_cast<cuda::bf16*>(p.bf16_copy()), chunk_buckets[v], ro);

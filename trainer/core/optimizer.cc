@@ -356,8 +356,13 @@ void Optimizer::GatherMaster(std::vector<float>* out) {
 void Optimizer::GatherState(std::vector<float>* exp_avg, std::vector<float>* exp_avg_sq) {
   FinishHostStep();
   const size_t n = params_->size();
-  exp_avg->assign(n, 0.0f);
-  exp_avg_sq->assign(n, 0.0f);
+  const bool wanted = exp_avg != nullptr && exp_avg_sq != nullptr;
+  if (wanted) {
+    exp_avg->assign(n, 0.0f);
+    exp_avg_sq->assign(n, 0.0f);
+  } else if (!sharded()) {
+    return;  // nothing to take part in
+  }
   if (host_ != nullptr && !sharded()) {
     const size_t b = host_begin_;
     if (b > 0) {
@@ -396,7 +401,7 @@ void Optimizer::GatherState(std::vector<float>* exp_avg, std::vector<float>* exp
         }
       }
       dp_cp().AllReduceSum(buffer, len);
-      ops_->CopyToHost(host->data() + w, buffer, len * sizeof(float));
+      if (wanted) ops_->CopyToHost(host->data() + w, buffer, len * sizeof(float));
     }
   }
   ops_->Free(buffer);

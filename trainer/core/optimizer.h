@@ -103,7 +103,8 @@ class Optimizer {
   // does not need them passes null.
   void GatherMaster(std::vector<float>* out);
   // Adam moments for the whole of this rank's (tp, pp) shard, in the ParamStore's flat order. With
-  // the distributed optimizer these gather every DP × CP rank's slice (collective over DP × CP).
+  // the distributed optimizer these gather every DP × CP rank's slice (collective over DP × CP);
+  // a rank that does not need them passes null for both.
   void GatherState(std::vector<float>* exp_avg, std::vector<float>* exp_avg_sq);
   // Sets the moments from whole-shard arrays (each DP rank keeps its slice).
   void ScatterState(const std::vector<float>& exp_avg, const std::vector<float>& exp_avg_sq);

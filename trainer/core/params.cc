@@ -135,7 +135,8 @@ void ParamStore::SetShard(std::vector<std::pair<size_t, size_t>> ranges) {
     at = e;
   }
   if (!ok) {
-    std::fprintf(stderr, "ParamStore: SetShard needs kSharded, once, with sorted ranges\n");
+    std::fprintf(stderr,
+                 "ParamStore: SetShard needs kSharded or kHostSharded, once, with sorted ranges\n");
     std::abort();
   }
   shard_ = std::move(ranges);

@@ -83,14 +83,15 @@ class ParamStore {
 
   // The fp32 weights in the flat order: backend memory, or pinned host memory with kHost (all of
   // them there); null when they are in two places (kHost with a part on the backend) or with
-  // kSharded (no rank holds them whole: Master, Optimizer::GatherMaster).
+  // kSharded and kHostSharded (no rank holds them whole: Master, Optimizer::GatherMaster).
   float* data() { return sharded() || host_begin_ > 0 ? nullptr : master_; }
   // The fp32 weight at flat index `flat` and those after it up to MasterRunEnd(flat) (every
-  // index with kWhole and kHost; with kSharded only those in the shard, else it aborts).
+  // index with kWhole and kHost; with kSharded and kHostSharded only those in the shard, else
+  // it aborts).
   float* Master(size_t flat);
   // Where the run of fp32 weights contiguous in memory from `flat` on ends: size(), but with
-  // kHost at host_begin() and with kSharded at the edges of the shard's ranges and of the
-  // mirrored tensors in them.
+  // kHost at host_begin(), with kSharded at the edges of the shard's ranges and of the mirrored
+  // tensors in them, with kHostSharded at the edges of the shard's ranges.
   size_t MasterRunEnd(size_t flat) const;
   // The fp32 gradients in the flat order, or null when they are sharded (grads()).
   float* grad();
