@@ -12,10 +12,10 @@
 
 #include "gtest/gtest.h"
 #include "libckpt/layout.h"
+#include "tests/trainer/gloo_ranks.h"
 #include "trainer/core/optimizer.h"
 #include "trainer/core/params.h"
 #include "trainer/core/slot_grad_reducer.h"
-#include "trainer/dist/comm_gloo.h"
 
 namespace leantron::trainer {
 namespace {
@@ -104,15 +104,6 @@ TEST(GradBuffersTest, SlotsFitTheBucketsThatUseThem) {
   ASSERT_EQ(merged[0].numel, 5 * layer);
   ASSERT_EQ(merged[1].numel, layer);
   EXPECT_EQ(held({merged}), n + 6 * layer);
-}
-
-// Rank `rank` of two in-process Gloo ranks forming one data-parallel group (rendezvous in `dir`).
-absl::StatusOr<ProcessGroups> DataParallelRank(const std::string& dir, int rank) {
-  LaunchInfo launch;
-  launch.rank = rank;
-  launch.world_size = 2;
-  launch.rendezvous_dir = dir;
-  return CreateProcessGroups(launch, {.dp = 2});
 }
 
 // A micro-batch's gradient as the backward writes it: added into each tensor's place, layer by

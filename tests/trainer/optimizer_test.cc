@@ -14,10 +14,10 @@
 #include "gtest/gtest.h"
 #include "libckpt/dtype.h"
 #include "libckpt/layout.h"
+#include "tests/trainer/gloo_ranks.h"
 #include "trainer/core/adamw.h"
 #include "trainer/core/host_step_waits.h"
 #include "trainer/core/params.h"
-#include "trainer/dist/comm_gloo.h"
 
 namespace leantron::trainer {
 namespace {
@@ -164,15 +164,6 @@ TEST(OptimizerTest, StepCopiesUpdateTheirWeightsAsThePlainStep) {
   ref.GatherState(&ref_m, &ref_v);
   EXPECT_EQ(m, ref_m);
   EXPECT_EQ(v, ref_v);
-}
-
-// Rank `rank` of two in-process Gloo ranks forming one data-parallel group (rendezvous in `dir`).
-absl::StatusOr<ProcessGroups> DataParallelRank(const std::string& dir, int rank) {
-  LaunchInfo launch;
-  launch.rank = rank;
-  launch.world_size = 2;
-  launch.rendezvous_dir = dir;
-  return CreateProcessGroups(launch, {.dp = 2});
 }
 
 // The distributed optimizer over two in-process Gloo ranks against one optimizer stepping the
