@@ -76,6 +76,7 @@ Optimizer::Optimizer(Ops* ops, ParamStore* params, ProcessGroups* groups,
     exp_avg_ = ops_->Alloc(host_begin_);
     exp_avg_sq_ = ops_->Alloc(host_begin_);
   }
+  const GradBuffers& grads = params_->grads();
   // Adjacent pieces with the same treatment merge into one range: a few long kernels (and, for
   // the norm, a few device-to-host reads) per step instead of one per tensor.
   for (const Owned& o : owned_) {
@@ -83,7 +84,6 @@ Optimizer::Optimizer(Ops* ops, ParamStore* params, ProcessGroups* groups,
       const size_t b = std::max(o.begin, v.offset), e = std::min(o.end, v.offset + v.numel);
       if (b >= e) continue;
       // A range is also one run of reduced gradients in memory (GradBuffers::ReducedRunEnd).
-      const GradBuffers& grads = params_->grads();
       if (v.count_in_norm) {
         if (!norm_ranges_.empty() && norm_ranges_.back().second == b &&
             grads.ReducedRunEnd(norm_ranges_.back().first) >= e) {
