@@ -436,6 +436,22 @@ std::pair<StepResult, StepResult> StepBoth(Optimizer& a, ParamStore& pa, Optimiz
   return {ra, b.Step(lr)};
 }
 
+// `opt`'s moments are `ref`'s, and they go out through GatherState, into a fresh optimizer over
+// `params` (ScatterState) and back unchanged.
+void ExpectMomentsRoundTrip(Optimizer& opt, Optimizer& ref, Ops* ops, ParamStore* params,
+                            ProcessGroups* groups, const OptimizerOptions& options) {
+  std::vector<float> ref_m, ref_v, got_m, got_v, again_m, again_v;
+  ref.GatherState(&ref_m, &ref_v);
+  opt.GatherState(&got_m, &got_v);
+  EXPECT_EQ(got_m, ref_m);
+  EXPECT_EQ(got_v, ref_v);
+  Optimizer fresh(ops, params, groups, options);
+  fresh.ScatterState(got_m, got_v);
+  fresh.GatherState(&again_m, &again_v);
+  EXPECT_EQ(again_m, ref_m);
+  EXPECT_EQ(again_v, ref_v);
+}
+
 // --optimizer-cpu-offload: the weights in (pinned) host memory, the moments and the step on the
 // host threads, gradients brought down in pieces that cut tensors and ranges in the middle. Against
 // the backend's optimizer on the same gradients: the same weights, bf16 copy and moments bit for
@@ -501,16 +517,7 @@ TEST(OptimizerTest, OffloadedStepMatchesTheBackendsBitForBit) {
   EXPECT_GT(mirrored, 0u);
   EXPECT_LT(mirrored, n);
 
-  std::vector<float> ref_m, ref_v, got_m, got_v, again_m, again_v;
-  ref.GatherState(&ref_m, &ref_v);
-  host.GatherState(&got_m, &got_v);
-  EXPECT_EQ(got_m, ref_m);
-  EXPECT_EQ(got_v, ref_v);
-  Optimizer fresh(ops.get(), &host_params, &groups, off);
-  fresh.ScatterState(got_m, got_v);
-  fresh.GatherState(&again_m, &again_v);
-  EXPECT_EQ(again_m, ref_m);
-  EXPECT_EQ(again_v, ref_v);
+  ExpectMomentsRoundTrip(host, ref, ops.get(), &host_params, &groups, off);
   // Loading rewrites the host weights and the mirror.
   const ParamView* ln = host_params.Find("decoder.final_layernorm.weight");
   std::vector<float> ones(ln->numel, 1.5f);
@@ -675,18 +682,9 @@ TEST(OptimizerTest, PartlyOffloadedStepMatchesTheBackendsBitForBit) {
     for (size_t j = 0; j < v.numel; ++j)
       ASSERT_EQ(got[j], ref_params.data()[v.offset + j]) << v.name << " " << j;
   }
-  std::vector<float> rm, rv, hm, hv, am, av;
   float *pm = nullptr, *pv = nullptr;
   EXPECT_FALSE(host.HostState(&pm, &pv));  // in two places: through GatherState
-  ref.GatherState(&rm, &rv);
-  host.GatherState(&hm, &hv);
-  EXPECT_EQ(hm, rm);
-  EXPECT_EQ(hv, rv);
-  Optimizer fresh(ops.get(), &part, &groups, oo);
-  fresh.ScatterState(hm, hv);
-  fresh.GatherState(&am, &av);
-  EXPECT_EQ(am, rm);
-  EXPECT_EQ(av, rv);
+  ExpectMomentsRoundTrip(host, ref, ops.get(), &part, &groups, oo);
 }
 
 // With the weights on the host the backend has fp32 copies of the norms and embeddings only:
