@@ -18,16 +18,18 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <vector>
 
 #include "trainer/core/params.h"
+#include "trainer/core/slot_layout.h"
 #include "trainer/reference/ops.h"
 
 namespace leantron::trainer {
 
 class GradBuffers {
  public:
-  static constexpr int kSlots = 2;
+  static constexpr int kSlots = SlotLayout::kSlots;
 
   // Whole: one flat buffer of `size` elements.
   GradBuffers(Ops* ops, size_t size);
@@ -75,14 +77,13 @@ class GradBuffers {
  private:
   const Bucket& Containing(size_t flat) const;
   Ops* ops_;
+  std::unique_ptr<SlotLayout> layout_;  // sharded
   size_t size_;
   bool sharded_ = false;
   float* whole_ = nullptr;   // whole: the flat buffer
   float* memory_ = nullptr;  // sharded: every slot, whole buffer and sum, in one allocation
   size_t allocated_ = 0;
   std::vector<Bucket> buckets_;  // sharded, sorted by offset
-  // Sharded: [begin, end) of memory_ that Zero clears (the whole buffers and the sums).
-  size_t zero_begin_ = 0;
 };
 
 }  // namespace leantron::trainer
