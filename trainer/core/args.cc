@@ -74,8 +74,9 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
                "Shard optimizer state over data-parallel ranks (ZeRO-1)");
   app.add_option("--data-parallel-sharding-strategy", a->data_parallel_sharding_strategy,
                  "What data-parallel ranks shard: no_shard, optim (the distributed optimizer's "
-                 "default: fp32 weights and Adam moments) or optim_grads (the gradients too, "
-                 "ZeRO-2); needs --use-distributed-optimizer beyond no_shard");
+                 "default: fp32 weights and Adam moments), optim_grads (the gradients too, ZeRO-2) "
+                 "or optim_grads_params (and the weights the model computes with, gathered per "
+                 "layer before use, ZeRO-3); needs --use-distributed-optimizer beyond no_shard");
   app.add_flag("--optimizer-cpu-offload", a->optimizer_cpu_offload,
                "bf16 model: keep the fp32 weights and Adam moments in host memory and step them "
                "there (the GPU holds the bf16 weights and the gradients)");
@@ -498,14 +499,16 @@ absl::Status ValidateTrainArgs(TrainArgs* a) {
   if (a->grad_reduce_in_bf16 && !a->bf16) return bad("--grad-reduce-in-bf16 needs --bf16");
   std::string& sharding = a->data_parallel_sharding_strategy;
   if (sharding.empty()) sharding = a->use_distributed_optimizer ? "optim" : "no_shard";
-  if (sharding == "optim_grads_params")
+  if (sharding != "no_shard" && sharding != "optim" && sharding != "optim_grads" &&
+      sharding != "optim_grads_params")
     return bad(
-        "--data-parallel-sharding-strategy optim_grads_params (the bf16 weights sharded and "
-        "gathered per layer, ZeRO-3) is not implemented; optim_grads shards the gradients with "
-        "the distributed optimizer");
-  if (sharding != "no_shard" && sharding != "optim" && sharding != "optim_grads")
-    return bad("--data-parallel-sharding-strategy must be no_shard, optim or optim_grads, not ",
-               sharding);
+        "--data-parallel-sharding-strategy must be no_shard, optim, optim_grads or "
+        "optim_grads_params, not ",
+        sharding);
+  if (sharding == "optim_grads_params" && !a->fp8_format.empty())
+    return bad(
+        "--data-parallel-sharding-strategy optim_grads_params gathers the bf16 weights per layer; "
+        "the FP8 layers' weight copies (--fp8-format) are not sharded: use optim_grads");
   if ((sharding == "no_shard") == a->use_distributed_optimizer)
     return bad("--data-parallel-sharding-strategy ", sharding,
                a->use_distributed_optimizer ? " contradicts --use-distributed-optimizer"
@@ -520,10 +523,11 @@ absl::Status ValidateTrainArgs(TrainArgs* a) {
       return bad(
           "--optimizer-cpu-offload needs --bf16 (the float32 model computes with its "
           "fp32 weights)");
-    if (sharding == "optim_grads")
+    if (sharding == "optim_grads" || sharding == "optim_grads_params")
       return bad(
           "--optimizer-cpu-offload steps whole gradients on the host; it does not go with "
-          "--data-parallel-sharding-strategy optim_grads");
+          "--data-parallel-sharding-strategy ",
+          sharding);
     if (a->use_distributed_optimizer && dp * cp > 1 && a->optimizer_offload_fraction != 1.0)
       return bad(
           "--optimizer-offload-fraction below 1 with --use-distributed-optimizer is implemented "

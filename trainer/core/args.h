@@ -56,7 +56,8 @@ struct TrainArgs {
   bool sequence_parallel = false, use_distributed_optimizer = false;
   // As Megatron-FSDP spells it: what the data-parallel ranks shard. no_shard (plain DP), optim
   // (--use-distributed-optimizer: the fp32 weights and Adam moments), optim_grads (ZeRO-2: the
-  // gradients too); empty: optim with --use-distributed-optimizer, else no_shard.
+  // gradients too), optim_grads_params (ZeRO-3: and the weights the model computes with);
+  // empty: optim with --use-distributed-optimizer, else no_shard.
   std::string data_parallel_sharding_strategy;
   // Megatron's --optimizer-cpu-offload: the fp32 weights, the Adam moments and the step on the
   // host, for --optimizer-offload-fraction of the parameters (the last tensors; the GPU steps

@@ -9,10 +9,12 @@
 #include "absl/strings/str_cat.h"
 #include "trainer/core/host_step_waits.h"
 #include "trainer/core/slot_grad_reducer.h"
+#include "trainer/core/slot_weight_gatherer.h"
 #include "trainer/reference/model.h"
 #ifdef LEANTRON_HAVE_CUDA
 #include "trainer/cuda/nn/bf16_model.h"
 #include "trainer/cuda/parallel/grad_reduce.h"
+#include "trainer/cuda/parallel/weight_gather.h"
 #include "trainer/dist/nccl_comm.h"
 #endif
 
@@ -116,6 +118,11 @@ absl::Status BuildBf16Chunks(const TrainArgs& args, ProcessGroups& g,
     reducer->Follow(&p);
     m->models[v]->AddListener(reducer.get());
     m->listeners.push_back(std::move(reducer));
+    if (p.weights() == nullptr) continue;
+    // After the reducer: its StepBegins gathers the whole buffers and the mirror first.
+    auto gatherer = std::make_unique<cuda::WeightGatherer>(dp, &p, chunk_buckets[v]);
+    m->models[v]->AddListener(gatherer.get());
+    m->listeners.push_back(std::move(gatherer));
   }
   return absl::OkStatus();
 }
@@ -136,12 +143,17 @@ absl::StatusOr<TrainingModel> BuildTrainingModel(const TrainArgs& args, ProcessG
   // The fp32 weights: with the distributed optimizer of the bf16 model over DP × CP > 1 only
   // this rank's parts (the model computes with its bf16 copy, and with an fp32 mirror of the
   // norms and embeddings), otherwise all of them; on the host with --optimizer-cpu-offload.
+  // With optim_grads_params (ZeRO-3) the weights the model computes with are sharded too, on
+  // any number of ranks: the bf16 copy beside the fp32 parts, or for the float32 model the fp32
+  // weights themselves.
   Communicator& dp_cp = g.data_parallel_with_cp();
-  const bool shard_master = args.bf16 && args.use_distributed_optimizer && dp_cp.size() > 1;
-  const MasterWeights master =
-      args.optimizer_cpu_offload
-          ? (shard_master ? MasterWeights::kHostSharded : MasterWeights::kHost)
-          : (shard_master ? MasterWeights::kSharded : MasterWeights::kWhole);
+  const bool shard_weights = args.data_parallel_sharding_strategy == "optim_grads_params";
+  const bool shard_master =
+      args.bf16 && args.use_distributed_optimizer && (dp_cp.size() > 1 || shard_weights);
+  MasterWeights master = args.optimizer_cpu_offload
+                             ? (shard_master ? MasterWeights::kHostSharded : MasterWeights::kHost)
+                             : (shard_master ? MasterWeights::kSharded : MasterWeights::kWhole);
+  if (shard_weights && !args.bf16) master = MasterWeights::kShardedCompute;
   m.params =
       std::make_unique<ParamStore>(m.ops.get(), *m.layout, g.coords.tp, g.coords.pp,
                                    args.sequence_parallel, master, args.optimizer_offload_fraction);
@@ -157,11 +169,14 @@ absl::StatusOr<TrainingModel> BuildTrainingModel(const TrainArgs& args, ProcessG
                                           static_cast<size_t>(args.ddp_bucket_size)));
     all_buckets.insert(all_buckets.end(), chunk_buckets.back().begin(), chunk_buckets.back().end());
   }
+  // ZeRO-3: the layers' weights in slots, each rank keeping its parts (before the shard, whose
+  // fp32 weights they may be, and before a model binds them).
+  if (shard_weights) m.params->ShardWeights(chunk_buckets, dp_cp.rank(), dp_cp.size());
   if (m.params->sharded())
     m.params->SetShard(DpOwnedParts(all_buckets, dp_cp.rank(), dp_cp.size()));
-  // ZeRO-2: the layers' gradients in slots, each rank keeping the sum of its parts (before a
-  // model binds its gradients).
-  const bool shard_grads = args.data_parallel_sharding_strategy == "optim_grads";
+  // ZeRO-2 (and 3): the layers' gradients in slots, each rank keeping the sum of its parts
+  // (before a model binds its gradients).
+  const bool shard_grads = args.data_parallel_sharding_strategy == "optim_grads" || shard_weights;
   if (shard_grads) m.params->ShardGrads(chunk_buckets, dp_cp.rank(), dp_cp.size());
   m.params->Initialize(args.seed, args.init_method_std);
   if (args.bf16) {
@@ -201,6 +216,11 @@ absl::StatusOr<TrainingModel> BuildTrainingModel(const TrainArgs& args, ProcessG
                                                        chunk_buckets[v]);
       m.models[v]->AddListener(reducer.get());
       m.listeners.push_back(std::move(reducer));
+      if (!shard_weights) continue;
+      auto gatherer = std::make_unique<SlotWeightGatherer>(m.ops.get(), &dp_cp, m.params.get(),
+                                                           chunk_buckets[v]);
+      m.models[v]->AddListener(gatherer.get());
+      m.listeners.push_back(std::move(gatherer));
     }
   }
   oo.cpu_offload = args.optimizer_cpu_offload;

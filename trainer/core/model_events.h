@@ -18,11 +18,17 @@ class ModelEvents {
   // The forward is about to use chunk layer `layer`'s weights; -1: the embeddings, final norm and
   // output layer.
   virtual void WeightsNeeded(int layer) {}
+  // The forward has issued its last use of chunk layer `layer`'s weights (the bf16 model adds the
+  // layer's last bias in the residual add that the next layer's norm begins with).
+  virtual void LayerForwardDone(int layer) {}
   // The last stage's forward is about to use the final norm and the output layer, whose loss
   // computation writes the first gradients of the micro-batch.
   virtual void HeadWeightsNeeded() {}
   // A micro-batch's backward begins.
   virtual void BackwardBegins() {}
+  // The backward (recomputing the layer's forward first, if it does) is about to use chunk layer
+  // `layer`'s weights.
+  virtual void LayerBackwardBegins(int layer) {}
   // The backward has finished chunk layer `layer` (and every layer above it).
   virtual void LayerBackwardDone(int layer) {}
   // A micro-batch's backward is done, the embeddings' gradients included.

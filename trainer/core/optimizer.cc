@@ -9,6 +9,7 @@
 
 #include "trainer/core/adamw.h"
 #include "trainer/core/grad_buffers.h"
+#include "trainer/core/weight_buffers.h"
 
 namespace leantron::trainer {
 
@@ -33,7 +34,9 @@ Optimizer::Optimizer(Ops* ops, ParamStore* params, ProcessGroups* groups,
       std::abort();
     }
   }
-  if (sharded()) {
+  // The store's fp32 weights sharded: this rank's parts even when it is the only one (its buffers
+  // keep them part by part).
+  if (sharded() || (opt_.distributed && params_->sharded())) {
     for (const auto& [first, last] : DpOwnedParts(opt_.buckets, dp_cp().rank(), dp_cp().size()))
       owned_.push_back({first, last, 0});
   } else {
@@ -47,10 +50,10 @@ Optimizer::Optimizer(Ops* ops, ParamStore* params, ProcessGroups* groups,
     // The store keeps the fp32 weights this rank steps, and only those.
     std::vector<std::pair<size_t, size_t>> mine;
     for (const Owned& o : owned_) mine.push_back({o.begin, o.end});
-    if (!sharded() || mine != params_->shard()) {
+    if (!opt_.distributed || mine != params_->shard()) {
       std::fprintf(stderr,
-                   "Optimizer: the sharded fp32 weights need the distributed optimizer over "
-                   "DP x CP > 1 and this rank's parts of the same buckets (DpOwnedParts)\n");
+                   "Optimizer: the sharded fp32 weights need the distributed optimizer and this "
+                   "rank's parts of the same buckets (DpOwnedParts)\n");
       std::abort();
     }
   }
@@ -98,7 +101,9 @@ Optimizer::Optimizer(Ops* ops, ParamStore* params, ProcessGroups* groups,
       // embeddings are stepped in the store's mirror, the rest apart).
       if (last != nullptr && last->end == b && last->decay == v.decay &&
           last->state + (last->end - last->begin) == state &&
-          params_->MasterRunEnd(last->begin) >= e && grads.ReducedRunEnd(last->begin) >= e) {
+          params_->MasterRunEnd(last->begin) >= e && grads.ReducedRunEnd(last->begin) >= e &&
+          (params_->weights() == nullptr ||
+           params_->weights()->layout().OwnedRunEnd(last->begin) >= e)) {
         last->end = e;
       } else {
         adam_ranges_.push_back({b, e, state, v.decay});
@@ -231,7 +236,6 @@ StepResult Optimizer::Step(float lr) {
                  MakeAdamWConstants(lr, opt_.beta1, opt_.beta2, opt_.eps, opt_.weight_decay, step_,
                                     grad_scale),
                  MakeAdamWConstants(lr, opt_.beta1, opt_.beta2, opt_.eps, 0.0f, step_, grad_scale));
-  uint16_t* low = params_->bf16_copy();
   for (const AdamRange& r : adam_ranges_) {
     const float decay = r.decay ? opt_.weight_decay : 0.0f;
     const AdamWConstants constants =
@@ -242,7 +246,7 @@ StepResult Optimizer::Step(float lr) {
       if (at < e)
         ops_->AdamWStep(params_->Master(at), grads.Reduced(at), exp_avg_ + r.state + (at - r.begin),
                         exp_avg_sq_ + r.state + (at - r.begin), e - at, lr, opt_.beta1, opt_.beta2,
-                        opt_.eps, decay, step_, grad_scale, low != nullptr ? low + at : nullptr);
+                        opt_.eps, decay, step_, grad_scale, params_->Bf16Owned(at));
       at = e;
     };
     auto it = std::lower_bound(copied_.begin(), copied_.end(), r.begin,
@@ -251,7 +255,8 @@ StepResult Optimizer::Step(float lr) {
       plain(it->begin);
       const size_t state = r.state + (it->begin - r.begin);
       it->copies->Update(it->index, params_->Master(it->begin), grads.Reduced(it->begin),
-                         exp_avg_ + state, exp_avg_sq_ + state, constants, low + it->begin);
+                         exp_avg_ + state, exp_avg_sq_ + state, constants,
+                         params_->Bf16Owned(it->begin));
       at = it->end;
     }
     plain(r.end);
@@ -262,7 +267,9 @@ StepResult Optimizer::Step(float lr) {
     // The gradient reducer gathers the other parts before the next forward. With the fp32
     // weights sharded the bf16 copy and the mirror are all the model needs whole, and a save
     // gathers the fp32 weights itself (GatherMaster).
-    if (!opt_.dp_by_reducer) {
+    if (params_->weights() != nullptr) {
+      // optim_grads_params: the model's listeners gather the parts before each use.
+    } else if (!opt_.dp_by_reducer) {
       BroadcastParts();
     } else if (!params_->sharded()) {
       params_partial_ = true;

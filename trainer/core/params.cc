@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "libckpt/dtype.h"
 #include "trainer/core/grad_buffers.h"
+#include "trainer/core/weight_buffers.h"
 
 namespace leantron::trainer {
 
@@ -80,8 +81,8 @@ ParamStore::ParamStore(Ops* ops, const ckpt::ModelLayout& layout, int tp_rank, i
       host_begin_ = it->offset;
   }
   for (ParamView& v : views_) {
-    if (master_place_ != MasterWeights::kWhole && v.offset >= host_begin_ &&
-        Bf16ModelReadsFp32(v.name)) {
+    if (master_place_ != MasterWeights::kWhole && master_place_ != MasterWeights::kShardedCompute &&
+        v.offset >= host_begin_ && Bf16ModelReadsFp32(v.name)) {
       v.mirror = mirror_size_;
       mirror_size_ += v.numel;
     }
@@ -101,6 +102,8 @@ ParamStore::ParamStore(Ops* ops, const ckpt::ModelLayout& layout, int tp_rank, i
       own_bf16_ = ops_->Alloc((size_ + 1) / 2);
       bf16_copy_ = reinterpret_cast<uint16_t*>(own_bf16_);
       break;
+    case MasterWeights::kShardedCompute:  // the weight buffers (ShardWeights)
+      break;
   }
   grads_ = std::make_unique<GradBuffers>(ops_, size_);
 }
@@ -108,7 +111,7 @@ ParamStore::ParamStore(Ops* ops, const ckpt::ModelLayout& layout, int tp_rank, i
 ParamStore::~ParamStore() {
   if (offloaded()) {
     if (master_ != nullptr) ops_->FreePinned(master_);
-  } else if (master_ != nullptr) {
+  } else if (master_ != nullptr && master_place_ != MasterWeights::kShardedCompute) {
     ops_->Free(master_);
   }
   if (device_master_ != nullptr) ops_->Free(device_master_);
@@ -127,17 +130,67 @@ void ParamStore::ShardGrads(const std::vector<std::vector<DpBucket>>& chunks, in
   grads_ = std::make_unique<GradBuffers>(ops_, size_, chunks, rank, ranks);
 }
 
+void ParamStore::ShardWeights(const std::vector<std::vector<DpBucket>>& chunks, int rank,
+                              int ranks) {
+  const bool fp32 = master_place_ == MasterWeights::kShardedCompute;
+  if (weights_ != nullptr || shard_set_ || (!fp32 && master_place_ != MasterWeights::kSharded)) {
+    std::fprintf(stderr,
+                 "ParamStore: ShardWeights needs kSharded or kShardedCompute, once, before "
+                 "SetShard\n");
+    std::abort();
+  }
+  if (own_bf16_ != nullptr) {  // the whole copy goes first: never both at once
+    ops_->Free(own_bf16_);
+    own_bf16_ = nullptr;
+    bf16_copy_ = nullptr;
+  }
+  weights_ = std::make_unique<WeightBuffers>(ops_, fp32 ? 4 : 2, size_, chunks, rank, ranks);
+}
+
+uint16_t* ParamStore::Bf16At(size_t flat) const {
+  if (weights_ != nullptr && weights_->element_bytes() == 2) return weights_->At<uint16_t>(flat);
+  return bf16_copy_ != nullptr ? bf16_copy_ + flat : nullptr;
+}
+
+uint16_t* ParamStore::Bf16Owned(size_t flat) const {
+  if (weights_ != nullptr && weights_->element_bytes() == 2) return weights_->Owned<uint16_t>(flat);
+  return bf16_copy_ != nullptr ? bf16_copy_ + flat : nullptr;
+}
+
+size_t ParamStore::bf16_backend_bytes() const {
+  if (weights_ != nullptr && weights_->element_bytes() == 2) return weights_->backend_bytes();
+  return own_bf16_ != nullptr ? (size_ + 1) / 2 * sizeof(float) : 0;
+}
+
 void ParamStore::SetShard(std::vector<std::pair<size_t, size_t>> ranges) {
   size_t at = 0;
-  bool ok = sharded() && master_ == nullptr;
+  bool ok = sharded() && !shard_set_;
   for (const auto& [b, e] : ranges) {
     ok = ok && at <= b && b < e && e <= size_;
     at = e;
   }
   if (!ok) {
     std::fprintf(stderr,
-                 "ParamStore: SetShard needs kSharded or kHostSharded, once, with sorted ranges\n");
+                 "ParamStore: SetShard needs kSharded, kHostSharded or kShardedCompute, once, "
+                 "with sorted ranges\n");
     std::abort();
+  }
+  shard_set_ = true;
+  if (master_place_ == MasterWeights::kShardedCompute) {
+    if (weights_ == nullptr) {
+      std::fprintf(stderr, "ParamStore: kShardedCompute needs ShardWeights before SetShard\n");
+      std::abort();
+    }
+    // Each range is one part of one bucket: one run in the weight buffers.
+    shard_ = std::move(ranges);
+    for (const auto& [b, e] : shard_) {
+      if (weights_->layout().OwnedRunEnd(b) < e) {
+        std::fprintf(stderr, "ParamStore: a shard range is not one bucket's part\n");
+        std::abort();
+      }
+      runs_.push_back({b, e, weights_->Owned<float>(b)});
+    }
+    return;
   }
   shard_ = std::move(ranges);
   // Cut at the mirrored tensors' edges: what falls in one is stepped there, the rest in master_.
@@ -189,6 +242,8 @@ size_t ParamStore::backend_elements() const {
       return shard_size_ + mirror_size_;
     case MasterWeights::kHostSharded:
       return mirror_size_;
+    case MasterWeights::kShardedCompute:
+      return weights_ != nullptr ? weights_->layout().elements() : 0;
   }
   return size_;
 }
@@ -239,6 +294,7 @@ float* ParamStore::Param(const std::string& name) {
   const ParamView* v = Find(name);
   if (v == nullptr) return nullptr;
   if (master_place_ == MasterWeights::kWhole) return master_ + v->offset;
+  if (master_place_ == MasterWeights::kShardedCompute) return weights_->At<float>(v->offset);
   if (offloaded() && v->offset < host_begin_) return device_master_ + v->offset;
   if (v->mirror == ParamView::kNoMirror) {
     std::fprintf(stderr,
@@ -302,9 +358,27 @@ void ParamStore::Write(const ParamView& view, const float* host) {
         std::memcpy(Master(view.offset), host, bytes);
       }
       break;
+    case MasterWeights::kShardedCompute: {
+      if (!shard_set_) {
+        std::fprintf(stderr, "ParamStore: %s written before ShardWeights and SetShard\n",
+                     view.name.c_str());
+        std::abort();
+      }
+      // A whole buffer whole (every rank keeps it), of a layer bucket this rank's part.
+      if (weights_->layout().Containing(view.offset).slot < 0) {
+        ops_->CopyFromHost(weights_->At<float>(view.offset), host, bytes);
+        break;
+      }
+      for (const Run& r : runs_) {
+        const size_t b = std::max(r.begin, view.offset);
+        const size_t e = std::min(r.end, view.offset + view.numel);
+        if (b < e) ops_->CopyFromHost(r.at + (b - r.begin), host + (b - view.offset), (e - b) * 4);
+      }
+      break;
+    }
     case MasterWeights::kSharded:
     case MasterWeights::kHostSharded: {
-      if (master_ == nullptr) {
+      if (!shard_set_) {
         std::fprintf(stderr, "ParamStore: %s written before SetShard\n", view.name.c_str());
         std::abort();
       }
@@ -323,10 +397,20 @@ void ParamStore::Write(const ParamView& view, const float* host) {
           }
         }
       }
-      // The bf16 copy, rounded here as the model's conversion rounds (to nearest even).
+      // The bf16 copy, rounded here as the model's conversion rounds (to nearest even): whole,
+      // or kept as WeightBuffers a whole buffer whole and of a layer bucket this rank's part.
       std::vector<uint16_t> low(view.numel);
       for (size_t i = 0; i < view.numel; ++i) low[i] = ckpt::FloatToBFloat16(host[i]);
-      ops_->CopyFromHost(bf16_copy_ + view.offset, low.data(), view.numel * sizeof(uint16_t));
+      if (weights_ == nullptr || weights_->layout().Containing(view.offset).slot < 0) {
+        ops_->CopyFromHost(Bf16At(view.offset), low.data(), view.numel * sizeof(uint16_t));
+        break;
+      }
+      for (const auto& [sb, se] : shard_) {
+        const size_t b = std::max(sb, view.offset), e = std::min(se, view.offset + view.numel);
+        if (b < e)
+          ops_->CopyFromHost(Bf16Owned(b), low.data() + (b - view.offset),
+                             (e - b) * sizeof(uint16_t));
+      }
       break;
     }
   }

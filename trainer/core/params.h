@@ -16,7 +16,8 @@
 
 namespace leantron::trainer {
 
-class GradBuffers;  // grad_buffers.h
+class GradBuffers;    // grad_buffers.h
+class WeightBuffers;  // weight_buffers.h
 struct DpBucket;
 
 struct ParamView {
@@ -59,7 +60,13 @@ bool Bf16ModelReadsFp32(const std::string& name);
 //     kSharded, but this rank's ranges, all of them, in pinned host memory, packed in flat order
 //     (the order of the optimizer's moments), where the host steps them; the mirror and the bf16
 //     copy on the backend as with kSharded, the host step writing this rank's parts of both.
-enum class MasterWeights { kWhole, kHost, kSharded, kHostSharded };
+//   kShardedCompute (the float32 model with --data-parallel-sharding-strategy
+//     optim_grads_params): the fp32 weights are also what the model computes with, kept as
+//     WeightBuffers (ShardWeights, before SetShard): this rank's ranges in their parts' storage
+//     or in place in the whole buffers of the embeddings and head, the layers read from slots
+//     that a listener gathers before use. No mirror, no bf16 copy.
+// With kSharded, ShardWeights (optim_grads_params) keeps the bf16 copy as WeightBuffers too.
+enum class MasterWeights { kWhole, kHost, kSharded, kHostSharded, kShardedCompute };
 
 class ParamStore {
  public:
@@ -71,9 +78,17 @@ class ParamStore {
   ParamStore(const ParamStore&) = delete;
   ParamStore& operator=(const ParamStore&) = delete;
 
-  // kSharded, kHostSharded: the sorted, disjoint flat ranges of the fp32 weights this rank keeps
-  // and steps (its parts of the data-parallel buckets); once, before Initialize or any
-  // SetFromHost.
+  // --data-parallel-sharding-strategy optim_grads_params: the weights the model computes with
+  // (the bf16 copy with kSharded, the fp32 weights with kShardedCompute) kept as WeightBuffers
+  // over `chunks`' buckets, this rank's part of each; once, before SetShard and before a model
+  // binds them.
+  void ShardWeights(const std::vector<std::vector<DpBucket>>& chunks, int rank, int ranks);
+  // Those buffers, or null.
+  const WeightBuffers* weights() const { return weights_.get(); }
+
+  // kSharded, kHostSharded, kShardedCompute: the sorted, disjoint flat ranges of the fp32 weights
+  // this rank keeps and steps (its parts of the data-parallel buckets); once, before Initialize or
+  // any SetFromHost.
   void SetShard(std::vector<std::pair<size_t, size_t>> ranges);
 
   // Megatron's initialisation, computed on the full tensor and then sharded, so that every layout
@@ -112,12 +127,14 @@ class ParamStore {
   bool host_master() const { return master_place_ == MasterWeights::kHost && host_begin_ == 0; }
   // Only this rank's ranges (kSharded, kHostSharded).
   bool sharded() const {
-    return master_place_ == MasterWeights::kSharded || master_place_ == MasterWeights::kHostSharded;
+    return master_place_ == MasterWeights::kSharded ||
+           master_place_ == MasterWeights::kHostSharded ||
+           master_place_ == MasterWeights::kShardedCompute;
   }
   const std::vector<std::pair<size_t, size_t>>& shard() const { return shard_; }
   // fp32 elements the backend holds for the weights: all of them; the part before host_begin()
   // and the mirror (kHost); the shard outside the mirror, and the mirror (kSharded); the mirror
-  // (kHostSharded).
+  // (kHostSharded); the weight buffers (kShardedCompute).
   size_t backend_elements() const;
   // fp32 elements of the weights in host memory (kHost, kHostSharded; 0 otherwise).
   size_t host_elements() const;
@@ -125,7 +142,8 @@ class ParamStore {
   const ParamView* Find(const std::string& name) const;
   // The fp32 weights the model computes with (backend memory); nullptr when this rank does not
   // hold the tensor. With kHost and kSharded only mirrored tensors (and with kHost those before
-  // host_begin()) have them (asking for another aborts).
+  // host_begin()) have them (asking for another aborts); with kShardedCompute every tensor, in
+  // its bucket's slot or whole buffer.
   float* Param(const std::string& name);
   // Where the mirror holds flat index `flat` (kHost, kSharded), or null when it does not.
   float* MirrorAt(size_t flat) const;
@@ -144,9 +162,16 @@ class ParamStore {
   float* Grad(const std::string& name);
 
   // The bf16 copy of the whole buffer the bf16 model computes with (device memory, owned by the
-  // model that sets it, or with kSharded by this store; null without). The optimizer writes it
-  // beside the fp32 weights it steps.
+  // model that sets it, or with kSharded by this store; null without, and null when it is kept
+  // as WeightBuffers). The optimizer writes it beside the fp32 weights it steps.
   uint16_t* bf16_copy() const { return bf16_copy_; }
+  // Where the bf16 model reads flat index `flat` of the bf16 copy (null without one), and where
+  // the step writes this rank's: the same place, but with the copy kept as WeightBuffers a layer
+  // bucket's slot and this rank's part's storage (up to the part's end).
+  uint16_t* Bf16At(size_t flat) const;
+  uint16_t* Bf16Owned(size_t flat) const;
+  // Bytes of backend memory the bf16 copy takes when this store holds it, else 0.
+  size_t bf16_backend_bytes() const;
   void set_bf16_copy(uint16_t* p) { bf16_copy_ = p; }
   // Counts changes of the fp32 weights: every optimizer step (which also writes the bf16 copy of
   // what it stepped) and every wholesale rewrite (initialisation, loading), after which a bf16
@@ -169,6 +194,7 @@ class ParamStore {
   size_t host_begin_ = 0;
   float* mirror_ = nullptr;  // kHost, kSharded: the mirrored tensors' fp32 copies, backend memory
   std::unique_ptr<GradBuffers> grads_;
+  std::unique_ptr<WeightBuffers> weights_;
   size_t size_ = 0, mirror_size_ = 0;
   // kSharded: the ranges kept; the same cut where mirrored tensors begin and end, in flat order,
   // each with where it lives (master_ or the mirror); and how much of master_ they use.
@@ -178,6 +204,7 @@ class ParamStore {
   };
   const Run* RunOf(size_t flat) const;  // null when `flat` is not in the shard
   std::vector<std::pair<size_t, size_t>> shard_;
+  bool shard_set_ = false;
   std::vector<Run> runs_;
   size_t shard_size_ = 0;
   uint16_t* bf16_copy_ = nullptr;

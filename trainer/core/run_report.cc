@@ -43,10 +43,12 @@ std::string ModelBanner(const TrainArgs& args, const TrainingModel& m, const Pro
       g.sizes.cp > 1 ? absl::StrFormat(" CP %d (%s)", g.sizes.cp, args.cp_comm_type) : "",
       g.sizes.pp, uneven, args.virtual_pipeline_size(), g.sizes.dp,
       args.sequence_parallel ? " +SP" : "",
-      args.use_distributed_optimizer ? (args.data_parallel_sharding_strategy == "optim_grads"
-                                            ? " +distributed optimizer, sharded gradients"
-                                            : " +distributed optimizer")
-                                     : "",
+      !args.use_distributed_optimizer ? ""
+      : args.data_parallel_sharding_strategy == "optim_grads"
+          ? " +distributed optimizer, sharded gradients"
+      : args.data_parallel_sharding_strategy == "optim_grads_params"
+          ? " +distributed optimizer, sharded gradients and weights"
+          : " +distributed optimizer",
       args.num_micro_batches());
 }
 
@@ -58,7 +60,7 @@ std::string MemoryLine(const TrainArgs& args, const TrainingModel& m, const Proc
     int64_t acts = 0;
     for (const StageModel* c : m.chunks) acts += c->activation_bytes();
     // The bf16 copy is the model's memory, or the store's with the fp32 weights sharded.
-    if (m.params->sharded()) acts += static_cast<int64_t>(m.params->size()) * 2;
+    acts += static_cast<int64_t>(m.params->bf16_backend_bytes());
     const int64_t params = static_cast<int64_t>(m.params->backend_elements()) * 4;
     const int64_t grads = static_cast<int64_t>(m.params->grads().backend_elements()) * 4;
     const int64_t host_adam = static_cast<int64_t>(m.optimizer->host_state_elements()) * 8;
@@ -71,7 +73,10 @@ std::string MemoryLine(const TrainArgs& args, const TrainingModel& m, const Proc
         "weights, activations and workspaces %d |",
         cuda::DeviceMemoryInUse() >> 20,
         m.params->host_master() || host_part ? "fp32 norms and embeddings"
-        : host                ? "fp32 weights (the GPU's part; norms and embeddings whole)"
+        : host ? "fp32 weights (the GPU's part; norms and embeddings whole)"
+        : m.params->master() == MasterWeights::kShardedCompute
+            ? "fp32 weights (sharded: layers in slots, this rank's parts, embeddings and head "
+              "whole)"
         : m.params->sharded() ? "fp32 weights (this rank's part, norms and embeddings whole)"
                               : "parameters",
         params >> 20, m.params->grads().sharded() ? " (sharded)" : "", grads >> 20, adam >> 20,
@@ -85,6 +90,20 @@ std::string MemoryLine(const TrainArgs& args, const TrainingModel& m, const Proc
 #endif
   return absl::StrFormat("[Rank %d] (after %d iterations) memory (MB) | max resident: %d |%s\n",
                          g.world_rank, iteration, PeakResidentMiB(), gpu);
+}
+
+// What gradients or weights kept in slots (ZeRO-2/3) hold: `held` bytes against `whole` for
+// whole ones; when that is more, why.
+std::string SlotNote(double held, double whole, const char* parts, const ProcessGroups& g) {
+  std::string note = absl::StrCat(" (sharded: layer buckets taking turns in slots, ", parts,
+                                  ", embeddings and head whole");
+  if (held > whole) {
+    absl::StrAppendFormat(&note, "; more than the %.1f MB of whole ones: %s", whole / (1 << 20),
+                          g.sizes.dp * g.sizes.cp == 1
+                              ? "one data-parallel rank has nothing to share them with"
+                              : "a smaller --ddp-bucket-size shards more");
+  }
+  return note + ")";
 }
 
 // One line per rank: where it sits, what it holds, its memory and its communication share, so
@@ -101,20 +120,11 @@ std::string RankReport(const TrainArgs& args, const TrainingModel& m, const Proc
   // bf16 model) beside the norms and embeddings the model reads in fp32, or (offloaded) all of
   // them on the host and those tensors here.
   const double grads_mb = m.params->grads().backend_elements() * 4.0 / (1 << 20);
-  std::string grads_note;
-  if (m.params->grads().sharded()) {
-    grads_note =
-        " (sharded: layer buckets taking turns in slots, their parts' sums, embeddings and head "
-        "whole";
-    if (m.params->grads().backend_elements() > m.params->size()) {
-      absl::StrAppendFormat(&grads_note, "; more than the %.1f MB of whole ones: %s",
-                            m.params->size() * 4.0 / (1 << 20),
-                            g.sizes.dp * g.sizes.cp == 1
-                                ? "one data-parallel rank has nothing to share them with"
-                                : "a smaller --ddp-bucket-size shards more");
-    }
-    grads_note += ")";
-  }
+  const double whole = static_cast<double>(m.params->size());
+  const std::string grads_note =
+      m.params->grads().sharded()
+          ? SlotNote(m.params->grads().backend_elements() * 4.0, whole * 4, "their parts' sums", g)
+          : "";
   const double backend_mb = m.params->backend_elements() * 4.0 / (1 << 20);
   const double adam_mb = m.optimizer->state_elements() * 8.0 / (1 << 20);
   std::string weights = absl::StrFormat("fp32 weights %.1f MB", backend_mb);
@@ -123,8 +133,14 @@ std::string RankReport(const TrainArgs& args, const TrainingModel& m, const Proc
     weights = absl::StrFormat(
         "fp32 weights %.1f MB on the host (its part; norms and embeddings %.1f MB here, whole)",
         host_mb, backend_mb);
+  } else if (m.params->master() == MasterWeights::kShardedCompute) {
+    absl::StrAppend(&weights, SlotNote(backend_mb * (1 << 20), whole * 4, "their parts", g));
   } else if (m.params->sharded()) {
     absl::StrAppend(&weights, " (its part; norms and embeddings whole)");
+    if (m.params->weights() != nullptr)
+      absl::StrAppendFormat(&weights, " + bf16 weights %.1f MB%s",
+                            m.params->bf16_backend_bytes() / double(1 << 20),
+                            SlotNote(m.params->bf16_backend_bytes(), whole * 2, "their parts", g));
   } else if (m.params->offloaded()) {
     weights = m.params->host_master()
                   ? absl::StrFormat(

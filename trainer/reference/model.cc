@@ -311,6 +311,7 @@ float ReferenceModel::Forward(int slot, const MicroBatch& mb, const float* input
   for (size_t l = 0; l < layers_.size(); ++l) {
     Notify([&](ModelEvents& e) { e.WeightsNeeded(static_cast<int>(l)); });
     LayerForward(s, static_cast<int>(l));
+    Notify([&](ModelEvents& e) { e.LayerForwardDone(static_cast<int>(l)); });
   }
   if (!last_stage_) return 0.0f;
   Notify([](ModelEvents& e) { e.HeadWeightsNeeded(); });
@@ -328,6 +329,7 @@ void ReferenceModel::Backward(int slot, const float* doutput, float loss_scale) 
     ops_->Copy(dhidden_, doutput, ctx_.rows_local * h_);
   }
   for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
+    Notify([&](ModelEvents& e) { e.LayerBackwardBegins(l); });
     LayerBackward(s, l);
     Notify([&](ModelEvents& e) { e.LayerBackwardDone(l); });
   }

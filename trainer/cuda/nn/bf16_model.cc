@@ -193,7 +193,9 @@ Bf16Model::Bf16Model(const ckpt::ModelLayout& layout, ParamStore* params,
   const int64_t rows_l = geo_.local_rows;
   const int64_t vocab_l = spec_.padded_vocab / tp_size;
 
-  if (params_->bf16_copy() == nullptr) {
+  // The bf16 copy: the store's (whole, or with optim_grads_params in its weight buffers, the
+  // layers' tensors in slots that the WeightGatherer fills before use), or this model's.
+  if (params_->bf16_copy() == nullptr && params_->weights() == nullptr) {
     w16_ = memory_.Alloc<bf16>(params_->size());
     params_->set_bf16_copy(reinterpret_cast<uint16_t*>(w16_));
     owns_w16_ = true;
@@ -202,7 +204,7 @@ Bf16Model::Bf16Model(const ckpt::ModelLayout& layout, ParamStore* params,
   }
   auto w16 = [&](const std::string& name) -> const bf16* {
     const ParamView* v = params_->Find(name);
-    return v ? w16_ + v->offset : nullptr;
+    return v ? reinterpret_cast<const bf16*>(params_->Bf16At(v->offset)) : nullptr;
   };
   auto f32 = [&](const std::string& name) -> const float* { return params_->Param(name); };
   auto grad = [&](const std::string& name) { return params_->Grad(name); };
@@ -467,6 +469,8 @@ float Bf16Model::Forward(int slot, const MicroBatch& mb, const float* input) {
     } else {  // the stage's output x[L]: the fused kernel's norm output is not needed
       layer.input_norm().Forward(s.acts[l].mid, mlp, s.x[l + 1], junk_, {}, drop);
     }
+    // The add just issued read layer l's last bias (`mlp`).
+    Notify([&](ModelEvents& e) { e.LayerForwardDone(l); });
   }
   if (!last_stage_) return 0.0f;
   bf16* lnf = sp ? lnf_full_ : s.lnf;
@@ -485,8 +489,12 @@ void Bf16Model::Backward(int slot, const float* doutput, float loss_scale) {
   const int num_layers = static_cast<int>(layers_.size());
   const int64_t rows_l = geo_.local_rows, h = geo_.hidden;
   if (last_stage_ && !s.has_grad) {  // no labelled token: no gradient, the reduction still runs
-    for (int l = num_layers - 1; l >= 0; --l)
+    // Every event of a backward, so that the listeners issue the same collectives as the other
+    // data-parallel ranks (the gradient reduction, ZeRO-3's gathers).
+    for (int l = num_layers - 1; l >= 0; --l) {
+      Notify([&](ModelEvents& e) { e.LayerBackwardBegins(l); });
       Notify([&](ModelEvents& e) { e.LayerBackwardDone(l); });
+    }
     Notify([](ModelEvents& e) { e.BackwardDone(); });
     LT_CUDA_CHECK(cudaMemsetAsync(dx_, 0, rows_l * h * sizeof(bf16), MainStream()));
     return;
@@ -515,6 +523,7 @@ void Bf16Model::Backward(int slot, const float* doutput, float loss_scale) {
   for (int l = num_layers - 1; l >= 0; --l) {
     const TransformerLayer& layer = layers_[l];
     const TransformerLayer::Acts& a = s.acts[l];
+    Notify([&](ModelEvents& e) { e.LayerBackwardBegins(l); });
     if (layer.recompute()) {
       layer.Recompute(s.x[l], a, Drop(s, layer.global_index(), 1));
       ++recomputed_layers_;
@@ -572,6 +581,10 @@ absl::StatusOr<std::unique_ptr<StageModel>> CreateBf16Model(const ckpt::ModelLay
                                                             ParamStore* params,
                                                             const Bf16Options& options) {
   if (absl::Status s = Bf16Supported(layout, options); !s.ok()) return s;
+  if (options.fp8.enabled && params->weights() != nullptr)
+    return absl::UnimplementedError(
+        "--bf16: FP8 layers keep whole weight copies; they do not go with the weights sharded "
+        "per layer (optim_grads_params)");
   const ckpt::ModelConfig& c = layout.config();
   const ckpt::ParallelConfig& p = layout.parallel();
   const ModelSpec spec = ModelSpecFromConfig(c, layout.padded_vocab_size());

@@ -7,12 +7,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "trainer/core/weight_buffers.h"
 #include "trainer/cuda/kernels/kernels.h"
 
 namespace leantron::trainer::cuda {
-namespace {
 
-std::shared_ptr<cudaStream_t> SharedStream(NcclCommunicator* group) {
+std::shared_ptr<cudaStream_t> DataParallelStream(NcclCommunicator* group) {
   static std::map<NcclCommunicator*, std::weak_ptr<cudaStream_t>> streams;
   if (std::shared_ptr<cudaStream_t> s = streams[group].lock()) return s;
   int priority_low = 0, priority_high = 0;
@@ -26,6 +26,8 @@ std::shared_ptr<cudaStream_t> SharedStream(NcclCommunicator* group) {
   streams[group] = s;
   return s;
 }
+
+namespace {
 
 // Rounds over a bucket's two parts (DpBucket::Part), runs of at most `run` elements: send(first,
 // len) for a run of the part of rank `from`, then receive(first, len) for the same run of the
@@ -46,7 +48,7 @@ void PartRounds(const DpBucket& b, int from, size_t run, Send&& send, Receive&& 
 GradReducer::GradReducer(NcclCommunicator* dp, float* grad, float* data, bf16* low,
                          std::vector<DpBucket> buckets, const Options& options)
     : dp_(dp), grad_(grad), data_(data), low_(low), buckets_(std::move(buckets)), opt_(options) {
-  stream_ = SharedStream(dp_);
+  stream_ = DataParallelStream(dp_);
   comm_ = *stream_;
   for (cudaEvent_t* e : {&comm_start_, &compute_done_, &comm_done_})
     LT_CUDA_CHECK(cudaEventCreate(e));
@@ -312,9 +314,10 @@ std::string GradReducer::Report() const {
                             opt_.first_layer + start_layer_, start_left_ms_);
   if (!place_.empty()) {
     return absl::StrFormat(
-        "sharded gradients (optim_grads): each micro-batch's layer buckets %s as its backward "
+        "sharded gradients (%s): each micro-batch's layer buckets %s as its backward "
         "finishes them; the last micro-batch's %.1f ms from the first bucket to the last, %.1f ms "
         "of it exposed (the backward had finished)%s",
+        params_ != nullptr && params_->weights() != nullptr ? "optim_grads_params" : "optim_grads",
         size() == 1           ? "added to the step's sums (one data-parallel rank)"
         : opt_.reduce_in_bf16 ? "reduce-scattered in bf16"
                               : "reduce-scattered",
@@ -386,12 +389,18 @@ void GradReducer::Gather(const DpBucket& b) {
       std::fprintf(stderr, "GradReducer: a gather without fp32 weights needs a sharded store\n");
       std::abort();
     }
+    // With the weights sharded per layer (optim_grads_params) a layer bucket's bf16 parts are
+    // gathered into its slot before each use (WeightGatherer), not here.
+    const bool low = params_->weights() == nullptr || b.first_layer < 0;
     dp_->Enqueue("Broadcast", comm_, [&](ncclComm_t c) {
       ncclResult_t r = ncclGroupStart();
       for (int q = 0; q < size && r == ncclSuccess; ++q) {
         const auto [first, last] = b.Part(q, size);
         if (first >= last) continue;
-        r = ncclBroadcast(low_ + first, low_ + first, last - first, ncclBfloat16, q, c, comm_);
+        if (low) {
+          uint16_t* at = params_->Bf16At(first);
+          r = ncclBroadcast(at, at, last - first, ncclBfloat16, q, c, comm_);
+        }
         for (const ParamView& v : params_->views()) {
           const size_t vb = std::max(first, v.offset), ve = std::min(last, v.offset + v.numel);
           if (r != ncclSuccess || vb >= ve || v.mirror == ParamView::kNoMirror) continue;

@@ -46,6 +46,11 @@
 
 namespace leantron::trainer::cuda {
 
+// The communication stream of data-parallel group `group` (null: one rank), one per group and
+// shared by everything that issues its collectives: NCCL calls on one communicator must run in the
+// order every rank issued them, which two streams would not guarantee.
+std::shared_ptr<cudaStream_t> DataParallelStream(NcclCommunicator* group);
+
 class GradReducer final : public ModelEvents {
  public:
   struct Options {
