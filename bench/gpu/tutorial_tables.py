@@ -88,7 +88,8 @@ class Row:
     recompute: bool = False  # full, uniform, 1 layer (--recompute-granularity/-method/-num-layers)
     zero: bool = False       # ZeRO-2: --use-distributed-optimizer and both --overlap-* flags
     # With `zero`: what the data-parallel ranks shard (--sharding): the tutorial's flags (optim,
-    # Megatron's distributed optimizer), or the gradients too (optim_grads).
+    # Megatron's distributed optimizer), or the gradients too (optim_grads), or the weights too
+    # (optim_grads_params).
     sharding: str = "optim"
     cp_comm: str = ""        # --cp-comm-type (CP table; passed there only where CP > 1)
     mem_gb: Union[float, str, None] = None  # Megatron's GB/gpu ("OOM")
@@ -526,9 +527,11 @@ def main():
     ap.add_argument("--out", default=None, help="markdown file, rewritten after every row")
     ap.add_argument("--log-dir", default=None, help="each row's full train log")
     ap.add_argument("--dry-run", action="store_true", help="print each row's command only")
-    ap.add_argument("--sharding", default="optim", choices=["optim", "optim_grads"],
-                    help="the ZeRO-2 rows: the tutorial's distributed optimizer (optim) or "
-                         "the gradients sharded too (optim_grads)")
+    ap.add_argument("--sharding", default="optim",
+                    choices=["optim", "optim_grads", "optim_grads_params"],
+                    help="the ZeRO-2 rows: the tutorial's distributed optimizer (optim), "
+                         "the gradients sharded too (optim_grads), or the weights too "
+                         "(optim_grads_params)")
     args = ap.parse_args()
     rows = [as_launched(r, args.makefile) for r in select(args.table, args.only, args.world)]
     rows = [dataclasses.replace(r, sharding=args.sharding) if r.zero else r for r in rows]

@@ -160,6 +160,35 @@ def test_sharded_gradients_follow_whole_ones(dataset, arch):
     assert re.search(r"gradients \(sharded\) \d+", sharded.stdout)
 
 
+@pytest.mark.parametrize("recompute", [[], ["--recompute-granularity", "full",
+                                              "--recompute-method", "uniform",
+                                              "--recompute-num-layers", "1"]],
+                         ids=["stored", "recomputed"])
+@pytest.mark.parametrize("arch", [[], LLAMA], ids=["gpt2", "llama"])
+def test_sharded_weights_are_the_whole_copy(dataset, arch, recompute):
+    """--data-parallel-sharding-strategy optim_grads_params on one GPU: the layers' bf16 weights
+    live in two slots (one layer per bucket: four buckets take turns), each gathered from its part
+    on the communication stream before the forward, the recomputation and the backward use it,
+    the next one prefetched. The step writes the same bf16 values the whole copy holds, so every
+    loss and gradient norm, evaluations included, is bitwise that of optim_grads."""
+    args = common(dataset, 6) + ["--bf16", "--deterministic-mode", "--global-batch-size", "16",
+                                 "--use-distributed-optimizer", "--ddp-bucket-size", "100000",
+                                 "--eval-interval", "3", "--eval-iters", "2"] + arch + recompute
+    grads = run_train(args + ["--data-parallel-sharding-strategy", "optim_grads"])
+    weights = run_train(args + ["--data-parallel-sharding-strategy", "optim_grads_params"])
+    g_train, g_valid = parse_log(grads.stdout)
+    w_train, w_valid = parse_log(weights.stdout)
+    assert sorted(w_train) == list(range(1, 7)) and sorted(w_valid) == [3, 6]
+    assert w_train == g_train
+    assert w_valid == g_valid
+    out = weights.stdout
+    assert "sharded weights (optim_grads_params): 4 layer buckets' bf16 weights gathered" in out
+    assert "+distributed optimizer, sharded gradients and weights" in out
+    assert re.search(r"\+ bf16 weights [\d.]+ MB \(sharded: layer buckets taking turns in slots, "
+                     r"their parts, embeddings and head whole; more than the [\d.]+ MB of whole "
+                     r"ones: one data-parallel rank", out)
+
+
 @pytest.mark.parametrize("arch", [[], LLAMA], ids=["gpt2", "llama"])
 def test_selective_norm_recompute_is_exact(dataset, arch):
     """--recompute-modules layernorm normalises the stored inputs again in the backward: the same

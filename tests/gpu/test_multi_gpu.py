@@ -5,7 +5,8 @@ interleaved) against one GPU within bf16 tolerance over 50 steps, and Llama laye
 the distributed optimizer, TP2, TP2+SP and interleaved PP2; the float32 model over NCCL
 (TP2+SP, interleaved PP2, CP2 with each --cp-comm-type) against one GPU; resuming a checkpoint
 under another layout; the distributed optimizer with its sharded fp32 weights bitwise plain DP2
-and freeing what its memory line says, and sharded gradients (optim_grads) likewise; the
+and freeing what its memory line says, and sharded gradients (optim_grads) and weights
+(optim_grads_params) likewise; the
 offloaded distributed optimizer bitwise the GPU one; FP8 linear layers under DP2 (plain and distributed
 optimizer), TP2, TP2+SP (both transports) and interleaved PP2 (delayed and tensorwise scaling)
 against FP8 on one GPU, DP2 FP8 resumes with and without the distributed optimizer; and a
@@ -114,6 +115,15 @@ ZERO2 = ["--use-distributed-optimizer", "--data-parallel-sharding-strategy", "op
          "--ddp-bucket-size", "100000"]
 LAYOUTS["dp2-zero2"] = ZERO2 + ["--overlap-param-gather"]
 LAYOUTS["dp2-zero2-nccl"] = ZERO2 + ["--no-dp-copy-engine"]
+# Sharded weights (ZeRO-3) too: each layer bucket's bf16 weights gathered by NCCL into its slot
+# before use.
+ZERO3 = ["--use-distributed-optimizer", "--data-parallel-sharding-strategy", "optim_grads_params",
+         "--ddp-bucket-size", "100000"]
+LAYOUTS["dp2-zero3"] = ZERO3 + ["--overlap-param-gather"]
+LAYOUTS["dp2-zero3-nccl"] = ZERO3 + ["--no-dp-copy-engine"]
+LAYOUTS["dp2-zero3-recompute"] = ZERO3 + ["--recompute-granularity", "full",
+                                          "--recompute-method", "uniform",
+                                          "--recompute-num-layers", "1"]
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
@@ -290,24 +300,30 @@ def test_sharded_weights_free_what_the_report_says(dataset):
         assert abs(measured - reported) <= 0.05 * reported
 
 
-def test_sharded_gradients_are_bitwise_plain_dp_with_one_micro_batch(dataset, tmp_path):
+@pytest.mark.parametrize("strategy", ["optim_grads", "optim_grads_params"])
+def test_sharded_gradients_are_bitwise_plain_dp_with_one_micro_batch(dataset, tmp_path, strategy):
     """--data-parallel-sharding-strategy optim_grads with one micro-batch per step sums the same
-    two gradients as plain DP2 (each layer bucket from its slot, as the backward finishes it):
-    every loss and every saved tensor, weights and moments, bit for bit."""
+    two gradients as plain DP2 (each layer bucket from its slot, as the backward finishes it), and
+    optim_grads_params computes with the same bf16 weights, gathered per layer bucket: every loss
+    and every saved tensor, weights and moments, bit for bit."""
     args = common(dataset, 12) + ["--bf16", "--deterministic-mode", "--clip-grad", "0",
                                   "--global-batch-size", "8", "--eval-interval", "4",
                                   "--eval-iters", "1"]
     plain = run_train(args + ["--save", tmp_path / "plain"], nproc=2)
-    zero2 = run_train(args + ZERO2 + ["--save", tmp_path / "zero2"], nproc=2)
-    (p, pv), (z, zv) = parse_log(plain.stdout), parse_log(zero2.stdout)
+    sharded = {"optim_grads": ZERO2, "optim_grads_params": ZERO3}[strategy]
+    zero = run_train(args + sharded + ["--save", tmp_path / "zero"], nproc=2)
+    (p, pv), (z, zv) = parse_log(plain.stdout), parse_log(zero.stdout)
     assert sorted(z) == list(range(1, 13))
     for it in p:
         assert (z[it][0], z[it][1], z[it][3]) == (p[it][0], p[it][1], p[it][3]), it
         assert z[it][2] == pytest.approx(p[it][2], rel=1e-5)
     assert zv == pv
-    assert "sharded gradients (optim_grads): each micro-batch's layer buckets reduce-scattered" \
-        in zero2.stdout
-    assert files(tmp_path / "plain", 12) == files(tmp_path / "zero2", 12)
+    assert f"sharded gradients ({strategy}): each micro-batch's layer buckets reduce-scattered" \
+        in zero.stdout
+    if strategy == "optim_grads_params":
+        assert "sharded weights (optim_grads_params): 4 layer buckets' bf16 weights gathered" \
+            in zero.stdout
+    assert files(tmp_path / "plain", 12) == files(tmp_path / "zero", 12)
 
 
 def test_offloaded_distributed_optimizer_is_bitwise_the_gpu_one(dataset, tmp_path):
@@ -351,6 +367,34 @@ def test_sharded_gradients_free_what_the_report_says(dataset):
         print("rank", rank, "GPU MB in use: optim", d[2], "optim_grads", z[2], "; gradients",
               d[4], "->", z[4])
         assert reported > 90
+        assert abs(measured - reported) <= 0.05 * reported
+
+
+BF16_MEMORY = re.compile(r"\[Rank (\d)\].*GPU in use: (\d+) \|")
+BF16_HELD = re.compile(r"\[Rank (\d)\] tp .*\| parameters (\d+) \|.*\+ bf16 weights ([\d.]+) MB")
+
+
+def test_sharded_weights_free_what_the_report_says(dataset):
+    """GPT-2 small's shape, one layer per bucket: from sharded gradients to sharded weights the GPU
+    memory in use drops by the whole bf16 copy (2 bytes per parameter) less what the report says
+    the sharded one holds (two slots, the embeddings and head whole, the layers' half), within
+    5%."""
+    wide = common(dataset, 2) + ["--bf16", "--num-layers", "12", "--hidden-size", "768",
+                                 "--num-attention-heads", "12", "--use-distributed-optimizer",
+                                 "--ddp-bucket-size", "1000000"]
+    zero2 = run_train(wide + ["--data-parallel-sharding-strategy", "optim_grads"], nproc=2).stdout
+    zero3 = run_train(wide + ["--data-parallel-sharding-strategy", "optim_grads_params"],
+                      nproc=2).stdout
+    before = {m[1]: int(m[2]) for m in BF16_MEMORY.finditer(zero2)}
+    after = {m[1]: int(m[2]) for m in BF16_MEMORY.finditer(zero3)}
+    held = {m[1]: (int(m[2]), float(m[3])) for m in BF16_HELD.finditer(zero3)}
+    assert before and sorted(after) == sorted(before) == sorted(held), zero3[-2000:]
+    for rank, (params, sharded_mb) in held.items():
+        reported = params * 2 / 2**20 - sharded_mb
+        measured = before[rank] - after[rank]
+        print("rank", rank, "GPU MB in use: optim_grads", before[rank], "optim_grads_params",
+              after[rank], "; bf16 weights", params * 2 / 2**20, "->", sharded_mb)
+        assert reported > 40
         assert abs(measured - reported) <= 0.05 * reported
 
 

@@ -68,6 +68,15 @@ LAYOUTS["dp2_pp2_interleaved_zero2"] = (4, LAYOUTS["dp2_pp2_interleaved"][1] + Z
 LAYOUTS["tp2_pp2_dp2_sp_zero2"] = (8, ["--tensor-model-parallel-size", "2",
                                        "--pipeline-model-parallel-size", "2",
                                        "--sequence-parallel"] + ZERO2)
+# ZeRO-3: the weights the model computes with sharded too, each layer bucket gathered into its
+# slot before the forward and the backward use it.
+ZERO3 = ["--use-distributed-optimizer", "--data-parallel-sharding-strategy", "optim_grads_params",
+         "--ddp-bucket-size", "20000"]
+LAYOUTS["dp2_zero3"] = (2, ZERO3)
+LAYOUTS["dp2_pp2_interleaved_zero3"] = (4, LAYOUTS["dp2_pp2_interleaved"][1] + ZERO3)
+LAYOUTS["tp2_pp2_dp2_sp_zero3"] = (8, ["--tensor-model-parallel-size", "2",
+                                       "--pipeline-model-parallel-size", "2",
+                                       "--sequence-parallel"] + ZERO3)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -105,20 +114,26 @@ def test_layout_matches_single_process(layout, dataset, baseline, tmp_path):
 
 
 @pytest.mark.parametrize("micro_batches", [1, 2])
-def test_sharded_gradients_match_plain_data_parallel(micro_batches, dataset, tmp_path):
+@pytest.mark.parametrize("strategy", ["optim_grads", "optim_grads_params"])
+def test_sharded_gradients_match_plain_data_parallel(strategy, micro_batches, dataset, tmp_path):
     """DP2 with --data-parallel-sharding-strategy optim_grads (every micro-batch's layer buckets
-    summed as the backward finishes them) against plain DP2: with one micro-batch per step the
-    same sums, so the same losses and the same checkpoint bytes; with two, the same sums in
-    another order, losses within 1e-5. The report names what the sharded gradients hold."""
+    summed as the backward finishes them) and optim_grads_params (the weights too, gathered per
+    layer bucket before use) against plain DP2: with one micro-batch per step the same sums, so
+    the same losses and the same checkpoint bytes; with two, the same sums in another order,
+    losses within 1e-5. The report names what the sharded gradients and weights hold."""
     gbs = ["--global-batch-size", str(4 * micro_batches)]
+    sharded = {"optim_grads": ZERO2, "optim_grads_params": ZERO3}[strategy]
     runs = {}
-    for name, extra in {"plain": [], "zero2": ZERO2}.items():
+    for name, extra in {"plain": [], "sharded": sharded}.items():
         save = tmp_path / name
         proc = run_train(common(dataset, save) + gbs + extra, nproc=2)
         runs[name] = (parse_log(proc.stdout), save, proc.stdout)
     (plain_train, plain_valid), plain_save, _ = runs["plain"]
-    (train, valid), save, out = runs["zero2"]
-    assert "gradients" in out and "(sharded: layer buckets taking turns in slots" in out
+    (train, valid), save, out = runs["sharded"]
+    assert "gradients" in out and "(sharded: layer buckets taking turns in slots, their parts' sums" in out
+    if strategy == "optim_grads_params":
+        assert "fp32 weights" in out and "(sharded: layer buckets taking turns in slots, their parts," in out
+        assert "+distributed optimizer, sharded gradients and weights" in out
     assert sorted(train) == sorted(plain_train)
     for it, row in plain_train.items():
         if micro_batches == 1:

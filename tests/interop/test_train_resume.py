@@ -33,8 +33,12 @@ def common(data):
                                          (2, ["--use-distributed-optimizer"]),
                                          (2, ["--use-distributed-optimizer",
                                               "--data-parallel-sharding-strategy", "optim_grads",
-                                              "--ddp-bucket-size", "10000"])],
-                         ids=["one", "tp2", "dp2-optim", "dp2-optim-grads"])
+                                              "--ddp-bucket-size", "10000"]),
+                                         (2, ["--use-distributed-optimizer",
+                                              "--data-parallel-sharding-strategy",
+                                              "optim_grads_params", "--ddp-bucket-size", "10000"])],
+                         ids=["one", "tp2", "dp2-optim", "dp2-optim-grads",
+                              "dp2-optim-grads-params"])
 def test_resume_is_bitwise_for_the_same_layout(dataset, tmp_path, nproc, extra):
     straight = run_train(common(dataset) + extra + ["--save", tmp_path / "a"], nproc=nproc)
     half = run_train(common(dataset) + extra + ["--save", tmp_path / "b", "--exit-interval",
@@ -63,17 +67,23 @@ def assert_resumed_second_half(straight, rest, straight_dir, rest_dir):
         np.testing.assert_allclose(got[""][name], w, rtol=1e-3, atol=2e-5, err_msg=name)
 
 
-def test_sharded_gradients_checkpoint_resumes_without_them(dataset, tmp_path):
-    """A checkpoint saved with the gradients sharded over DP2 (--data-parallel-sharding-strategy
-    optim_grads) resumes on one process without sharding: checkpoints do not depend on the
-    strategy."""
-    zero2 = ["--use-distributed-optimizer", "--data-parallel-sharding-strategy", "optim_grads",
-             "--ddp-bucket-size", "10000"]
-    straight = run_train(common(dataset) + zero2 + ["--save", tmp_path / "a"], nproc=2)
-    run_train(common(dataset) + zero2 + ["--save", tmp_path / "b", "--exit-interval", ITERS // 2],
-              nproc=2)
+@pytest.mark.parametrize("strategy", ["optim_grads", "optim_grads_params"])
+def test_sharded_checkpoint_resumes_without_sharding(dataset, tmp_path, strategy):
+    """A checkpoint saved with the gradients (--data-parallel-sharding-strategy optim_grads) or
+    the weights too (optim_grads_params) sharded over DP2 resumes on one process without
+    sharding, and a plain one-process checkpoint resumes sharded over DP2: checkpoints do not
+    depend on the strategy."""
+    sharded = ["--use-distributed-optimizer", "--data-parallel-sharding-strategy", strategy,
+               "--ddp-bucket-size", "10000"]
+    straight = run_train(common(dataset) + sharded + ["--save", tmp_path / "a"], nproc=2)
+    run_train(common(dataset) + sharded + ["--save", tmp_path / "b", "--exit-interval",
+                                           ITERS // 2], nproc=2)
     rest = run_train(common(dataset) + ["--load", tmp_path / "b", "--save", tmp_path / "c"])
     assert_resumed_second_half(straight, rest, tmp_path / "a", tmp_path / "c")
+    run_train(common(dataset) + ["--save", tmp_path / "d", "--exit-interval", ITERS // 2])
+    rest = run_train(common(dataset) + sharded + ["--load", tmp_path / "d", "--save",
+                                                  tmp_path / "e"], nproc=2)
+    assert_resumed_second_half(straight, rest, tmp_path / "a", tmp_path / "e")
 
 
 def test_resume_into_another_layout(dataset, tmp_path):

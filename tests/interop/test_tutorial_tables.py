@@ -158,14 +158,16 @@ def test_makefile_variants():
         check(rows[f"pp:{row}"][2], B8_3, 32, 8, nproc=8, tp=2, pp=4, sp=True, per_virtual=per)
 
 
-def test_zero2_rows_can_shard_the_gradients():
-    """--sharding optim_grads: the ZeRO-2 rows add --data-parallel-sharding-strategy optim_grads
-    to the tutorial's flags; the other rows stay as they are."""
-    rows = dry_run("--sharding", "optim_grads", "--table", "dp")
+@pytest.mark.parametrize("strategy", ["optim_grads", "optim_grads_params"])
+def test_zero2_rows_can_shard_the_gradients(strategy):
+    """--sharding optim_grads (optim_grads_params): the ZeRO-2 rows add
+    --data-parallel-sharding-strategy with it to the tutorial's flags; the other rows stay as
+    they are."""
+    rows = dry_run("--sharding", strategy, "--table", "dp")
     check(rows["dp:R8"][2], XL, 32, 16, nproc=2, zero=True)
     for key, (_, status, flags) in rows.items():
         zero = "--use-distributed-optimizer" in flags
-        assert (flags.get("--data-parallel-sharding-strategy") == "optim_grads") == zero, key
+        assert (flags.get("--data-parallel-sharding-strategy") == strategy) == zero, key
         assert status == "runs", key
     assert "--data-parallel-sharding-strategy" not in dry_run("--table", "dp")["dp:R8"][2]
 

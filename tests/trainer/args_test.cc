@@ -88,19 +88,30 @@ TEST(ArgsTest, ShardingStrategyIsCheckedAgainstTheDistributedOptimizer) {
       "--data-parallel-sharding-strategy no_shard contradicts --use-distributed-optimizer");
   EXPECT_EQ(
       msg(Check({"--use-distributed-optimizer", "--data-parallel-sharding-strategy", "zero2"}, 2)),
-      "--data-parallel-sharding-strategy must be no_shard, optim or optim_grads, not zero2");
-  EXPECT_EQ(msg(Check({"--use-distributed-optimizer", "--data-parallel-sharding-strategy",
-                       "optim_grads_params"},
-                      2)),
-            "--data-parallel-sharding-strategy optim_grads_params (the bf16 weights sharded and "
-            "gathered per layer, ZeRO-3) is not implemented; optim_grads shards the gradients "
-            "with the distributed optimizer");
+      "--data-parallel-sharding-strategy must be no_shard, optim, optim_grads or "
+      "optim_grads_params, not zero2");
+  EXPECT_TRUE(Check({"--use-distributed-optimizer", "--data-parallel-sharding-strategy",
+                     "optim_grads_params"},
+                    2)
+                  .ok());
+  EXPECT_EQ(msg(Check({"--data-parallel-sharding-strategy", "optim_grads_params"}, 2)),
+            "--data-parallel-sharding-strategy optim_grads_params needs "
+            "--use-distributed-optimizer");
 #ifdef LEANTRON_HAVE_CUDA
-  EXPECT_EQ(msg(Check({"--bf16", "--optimizer-cpu-offload", "--use-distributed-optimizer",
-                       "--data-parallel-sharding-strategy", "optim_grads"},
-                      1)),
-            "--optimizer-cpu-offload steps whole gradients on the host; it does not go with "
-            "--data-parallel-sharding-strategy optim_grads");
+  for (const char* strategy : {"optim_grads", "optim_grads_params"}) {
+    EXPECT_EQ(msg(Check({"--bf16", "--optimizer-cpu-offload", "--use-distributed-optimizer",
+                         "--data-parallel-sharding-strategy", strategy},
+                        1)),
+              std::string("--optimizer-cpu-offload steps whole gradients on the host; it does "
+                          "not go with --data-parallel-sharding-strategy ") +
+                  strategy);
+  }
+  EXPECT_EQ(msg(Check({"--bf16", "--fp8-format", "hybrid", "--use-distributed-optimizer",
+                       "--data-parallel-sharding-strategy", "optim_grads_params"},
+                      2)),
+            "--data-parallel-sharding-strategy optim_grads_params gathers the bf16 weights per "
+            "layer; the FP8 layers' weight copies (--fp8-format) are not sharded: use "
+            "optim_grads");
 #endif
 }
 
