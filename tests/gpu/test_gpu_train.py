@@ -266,6 +266,16 @@ def test_attention_dropout_is_refused_clearly(dataset):
     assert "attention dropout" in proc.stderr + proc.stdout
 
 
+def test_out_of_memory_is_one_line_and_status_one(dataset):
+    """A model that does not fit (GPT-2 XL's width, 400 layers: 12 billion parameters) ends with
+    one line saying so and exit status 1, not an abort."""
+    proc = run_train(common(dataset, 1) + ["--bf16", "--num-layers", "400", "--hidden-size",
+                                           "1600", "--num-attention-heads", "25"], ok=False)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "CUDA backend: out of GPU memory in cudaMalloc" in proc.stderr
+    assert "Aborted" not in proc.stderr
+
+
 def test_hf_gpt2_converted_gives_transformers_loss(tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")

@@ -1,5 +1,6 @@
 // Error checks for the CUDA backend. Ops have no Status return (a failing kernel launch is a bug
-// or a broken device, not bad input), so a failed call prints where it happened and aborts.
+// or a broken device, not bad input), so a failed call prints where it happened and aborts; an
+// allocation that does not fit says so and exits with status 1.
 #pragma once
 
 #include <cublasLt.h>
@@ -20,6 +21,20 @@ using bf16 = __nv_bfloat16;
   std::abort();
 }
 
+// An allocation that does not fit is the user's to fix (a smaller micro-batch, recomputation,
+// sharding), not a fault of the program: one line and exit status 1, without the core dump of an
+// abort; quick_exit-style, since the destructors would call into the failed CUDA context.
+[[noreturn]] inline void OutOfMemory(const char* what, const char* file, int line) {
+  size_t free_bytes = 0, total_bytes = 0;
+  cudaMemGetInfo(&free_bytes, &total_bytes);
+  std::fprintf(stderr,
+               "CUDA backend: out of GPU memory in %s at %s:%d (%zu MB free of %zu MB); a "
+               "smaller --micro-batch-size, recomputation or more sharding may fit\n",
+               what, file, line, free_bytes >> 20, total_bytes >> 20);
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
 // Scratch memory a kernel may use (deterministic reductions keep per-block partials there).
 struct Scratch {
   void* ptr = nullptr;
@@ -31,6 +46,8 @@ struct Scratch {
 #define LT_CUDA_CHECK(call)                                                                   \
   do {                                                                                        \
     cudaError_t lt_err_ = (call);                                                             \
+    if (lt_err_ == cudaErrorMemoryAllocation)                                                 \
+      ::leantron::trainer::cuda::OutOfMemory(#call, __FILE__, __LINE__);                      \
     if (lt_err_ != cudaSuccess)                                                               \
       ::leantron::trainer::cuda::Die(#call, cudaGetErrorString(lt_err_), __FILE__, __LINE__); \
   } while (0)
