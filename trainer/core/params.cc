@@ -111,7 +111,7 @@ ParamStore::ParamStore(Ops* ops, const ckpt::ModelLayout& layout, int tp_rank, i
 ParamStore::~ParamStore() {
   if (offloaded()) {
     if (master_ != nullptr) ops_->FreePinned(master_);
-  } else if (master_ != nullptr && master_place_ != MasterWeights::kShardedCompute) {
+  } else if (master_ != nullptr) {  // never set with kShardedCompute (the weight buffers)
     ops_->Free(master_);
   }
   if (device_master_ != nullptr) ops_->Free(device_master_);
