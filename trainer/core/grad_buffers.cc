@@ -43,10 +43,8 @@ GradBuffers::GradBuffers(Ops* ops, size_t size, const std::vector<std::vector<Dp
 GradBuffers::~GradBuffers() { ops_->Free(sharded_ ? memory_ : whole_); }
 
 const GradBuffers::Bucket& GradBuffers::Containing(size_t flat) const {
-  auto it = std::upper_bound(buckets_.begin(), buckets_.end(), flat,
-                             [](size_t f, const Bucket& k) { return f < k.bucket.offset; });
-  if (it == buckets_.begin() || flat >= size_) Fail("no bucket holds this index", flat);
-  return *std::prev(it);
+  // buckets_ follows the layout's places, one for one.
+  return buckets_[&layout_->Containing(flat) - layout_->places().data()];
 }
 
 const GradBuffers::Bucket* GradBuffers::Find(size_t offset) const {

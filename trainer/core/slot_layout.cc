@@ -85,6 +85,20 @@ const SlotLayout::Place* SlotLayout::Find(size_t offset) const {
   return k.bucket.offset == offset ? &k : nullptr;
 }
 
+std::vector<const SlotLayout::Place*> SlotLayout::PlacesOf(const std::vector<DpBucket>& buckets,
+                                                           const char* who) const {
+  std::vector<const Place*> out;
+  for (const DpBucket& b : buckets) {
+    const Place* k = Find(b.offset);
+    if (k == nullptr || k->bucket.numel != b.numel) {
+      std::fprintf(stderr, "%s: the buffers are not sharded over these buckets\n", who);
+      std::abort();
+    }
+    out.push_back(k);
+  }
+  return out;
+}
+
 size_t SlotLayout::At(size_t flat) const {
   const Place& k = Containing(flat);
   return k.at + (flat - k.bucket.offset);

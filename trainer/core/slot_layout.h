@@ -41,6 +41,9 @@ class SlotLayout {
   const Place& Containing(size_t flat) const;
   // The place of the bucket that begins at `offset`, or null.
   const Place* Find(size_t offset) const;
+  // The places of `buckets` (a chunk's), in their order; it aborts, naming `who`, when this
+  // layout does not hold them.
+  std::vector<const Place*> PlacesOf(const std::vector<DpBucket>& buckets, const char* who) const;
   // Where flat index `flat` is in its slot or whole buffer.
   size_t At(size_t flat) const;
   // Where this rank's flat index `flat` is kept: in its part's storage, or in place in a whole

@@ -12,14 +12,8 @@ SlotWeightGatherer::SlotWeightGatherer(Ops* ops, Communicator* dp, const ParamSt
     std::fprintf(stderr, "SlotWeightGatherer: the fp32 weights are not WeightBuffers\n");
     std::abort();
   }
-  for (const DpBucket& b : buckets) {
-    const SlotLayout::Place* k = weights_->layout().Find(b.offset);
-    if (k == nullptr || k->bucket.numel != b.numel) {
-      std::fprintf(stderr, "SlotWeightGatherer: the weights are not sharded over these buckets\n");
-      std::abort();
-    }
+  for (const SlotLayout::Place* k : weights_->layout().PlacesOf(buckets, "SlotWeightGatherer"))
     (k->slot >= 0 ? layer_buckets_ : whole_buckets_).push_back(k);
-  }
 }
 
 void SlotWeightGatherer::StepBegins() {

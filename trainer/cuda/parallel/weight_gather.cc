@@ -16,14 +16,8 @@ WeightGatherer::WeightGatherer(NcclCommunicator* dp, const ParamStore* params,
     std::fprintf(stderr, "WeightGatherer: the bf16 copy is not kept as WeightBuffers\n");
     std::abort();
   }
-  for (const DpBucket& b : buckets) {
-    const SlotLayout::Place* k = weights_->layout().Find(b.offset);
-    if (k == nullptr || k->bucket.numel != b.numel) {
-      std::fprintf(stderr, "WeightGatherer: the weights are not sharded over these buckets\n");
-      std::abort();
-    }
+  for (const SlotLayout::Place* k : weights_->layout().PlacesOf(buckets, "WeightGatherer"))
     if (k->slot >= 0) buckets_.push_back(k);
-  }
   stream_ = DataParallelStream(dp_);
   comm_ = *stream_;
   LT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
