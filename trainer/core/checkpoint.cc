@@ -272,21 +272,12 @@ absl::Status LoadTrainingCheckpoint(const TrainArgs& args, const ckpt::ModelLayo
 
   const int tp_rank = groups.coords.tp;
   // Read in place where the weights and moments are whole in host memory (offloaded), else
-  // through host copies.
+  // tensor by tensor through host copies of one tensor: never the whole shard on every rank
+  // (12 bytes per parameter, more than a host that fits only this rank's part may have).
   std::vector<float> exp_avg, exp_avg_sq, param;
   float *m = nullptr, *v_state = nullptr;
   const bool host_state = optimizer.HostState(&m, &v_state);
-  if (!host_state) {
-    exp_avg.resize(params.size());
-    exp_avg_sq.resize(params.size());
-    m = exp_avg.data();
-    v_state = exp_avg_sq.data();
-  }
-  float* weights = params.data();
-  if (!params.host_master()) {
-    param.resize(params.size());
-    weights = param.data();
-  }
+  float* weights = params.host_master() ? params.data() : nullptr;
   ckpt::Tensor full;
   auto read_into = [&](const ParamView& v, ckpt::TensorKind kind, float* dst) -> absl::Status {
     if (absl::Status s = reader->ReadFull(*v.spec, kind, &full); !s.ok()) return s;
@@ -313,11 +304,24 @@ absl::Status LoadTrainingCheckpoint(const TrainArgs& args, const ckpt::ModelLayo
     // The fp32 main weights are the truth when present; the model copy equals them in fp32 runs.
     const ckpt::TensorKind kind =
         load_optim ? ckpt::TensorKind::kMainParam : ckpt::TensorKind::kParam;
-    st = read_into(v, kind, weights + v.offset);
-    if (st.ok()) params.SetFromHost(v, weights + v.offset);
-    if (st.ok() && load_optim) st = read_into(v, ckpt::TensorKind::kExpAvg, m + v.offset);
-    if (st.ok() && load_optim) st = read_into(v, ckpt::TensorKind::kExpAvgSq, v_state + v.offset);
+    if (weights == nullptr) param.resize(v.numel);
+    float* w = weights != nullptr ? weights + v.offset : param.data();
+    st = read_into(v, kind, w);
+    if (st.ok()) params.SetFromHost(v, w);
+    if (!load_optim || !st.ok()) {
+      if (!st.ok()) break;
+      continue;
+    }
+    if (!host_state) {
+      exp_avg.resize(v.numel);
+      exp_avg_sq.resize(v.numel);
+    }
+    float* vm = host_state ? m + v.offset : exp_avg.data();
+    float* vv = host_state ? v_state + v.offset : exp_avg_sq.data();
+    st = read_into(v, ckpt::TensorKind::kExpAvg, vm);
+    if (st.ok()) st = read_into(v, ckpt::TensorKind::kExpAvgSq, vv);
     if (!st.ok()) break;
+    if (!host_state) optimizer.SetState(v.offset, v.offset + v.numel, vm, vv);
   }
   if (absl::Status s = AgreeOnFailure(*groups.world, st, "tensor read"); !s.ok()) return s;
   if (!args.fp8_format.empty() && !args.finetune) {
@@ -326,10 +330,7 @@ absl::Status LoadTrainingCheckpoint(const TrainArgs& args, const ckpt::ModelLayo
     if (absl::Status s = AgreeOnFailure(*groups.world, loaded.status(), "FP8 state read"); !s.ok())
       return s;
   }
-  if (load_optim) {
-    if (!host_state) optimizer.ScatterState(exp_avg, exp_avg_sq);
-    optimizer.set_step(reader->metadata().optimizer_step);
-  }
+  if (load_optim) optimizer.set_step(reader->metadata().optimizer_step);
   position->hf_architecture = reader->metadata().config.hf_architecture;
   if (!args.finetune) {
     position->iteration = reader->metadata().iteration < 0 ? 0 : reader->metadata().iteration;

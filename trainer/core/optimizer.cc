@@ -424,27 +424,29 @@ bool Optimizer::HostState(float** exp_avg, float** exp_avg_sq) {
 
 void Optimizer::ScatterState(const std::vector<float>& exp_avg,
                              const std::vector<float>& exp_avg_sq) {
+  SetState(0, params_->size(), exp_avg.data(), exp_avg_sq.data());
+}
+
+void Optimizer::SetState(size_t begin, size_t end, const float* exp_avg, const float* exp_avg_sq) {
   FinishHostStep();
-  // One owner (offloaded): [0, host_begin_) on the backend, the rest on the host.
-  if (host_ != nullptr && !sharded()) {
-    const size_t b = host_begin_, rest = (params_->size() - b) * sizeof(float);
-    if (b > 0) {
-      ops_->CopyFromHost(exp_avg_, exp_avg.data(), b * sizeof(float));
-      ops_->CopyFromHost(exp_avg_sq_, exp_avg_sq.data(), b * sizeof(float));
+  // Moments [0, host_begin_) live on the backend, the rest (offloaded) on the host.
+  auto put = [&](size_t state, const float* m, const float* v, size_t n) {
+    if (state >= host_begin_) {
+      std::memcpy(host_->exp_avg() + (state - host_begin_), m, n * sizeof(float));
+      std::memcpy(host_->exp_avg_sq() + (state - host_begin_), v, n * sizeof(float));
+    } else {
+      ops_->CopyFromHost(exp_avg_ + state, m, n * sizeof(float));
+      ops_->CopyFromHost(exp_avg_sq_ + state, v, n * sizeof(float));
     }
-    std::memcpy(host_->exp_avg(), exp_avg.data() + b, rest);
-    std::memcpy(host_->exp_avg_sq(), exp_avg_sq.data() + b, rest);
-    return;
-  }
+  };
   for (const Owned& o : owned_) {
-    const size_t bytes = (o.end - o.begin) * sizeof(float);
-    if (host_ != nullptr) {  // this rank's parts, offloaded
-      std::memcpy(host_->exp_avg() + o.state, exp_avg.data() + o.begin, bytes);
-      std::memcpy(host_->exp_avg_sq() + o.state, exp_avg_sq.data() + o.begin, bytes);
-      continue;
-    }
-    ops_->CopyFromHost(exp_avg_ + o.state, exp_avg.data() + o.begin, bytes);
-    ops_->CopyFromHost(exp_avg_sq_ + o.state, exp_avg_sq.data() + o.begin, bytes);
+    const size_t b = std::max(begin, o.begin), e = std::min(end, o.end);
+    if (b >= e) continue;
+    const size_t state = o.state + (b - o.begin);
+    const float *m = exp_avg + (b - begin), *v = exp_avg_sq + (b - begin);
+    const size_t backend = state < host_begin_ ? std::min(e - b, host_begin_ - state) : 0;
+    if (backend > 0) put(state, m, v, backend);
+    if (backend < e - b) put(state + backend, m + backend, v + backend, e - b - backend);
   }
 }
 

@@ -108,6 +108,9 @@ class Optimizer {
   void GatherState(std::vector<float>* exp_avg, std::vector<float>* exp_avg_sq);
   // Sets the moments from whole-shard arrays (each DP rank keeps its slice).
   void ScatterState(const std::vector<float>& exp_avg, const std::vector<float>& exp_avg_sq);
+  // Sets the moments of flat range [begin, end) from arrays holding just that range (each DP rank
+  // keeps what it owns of it): a load tensor by tensor, never the whole shard in host memory.
+  void SetState(size_t begin, size_t end, const float* exp_avg, const float* exp_avg_sq);
   // Where the moments are whole in host memory in the flat order (the offloaded step): true with
   // pointers to them, to read or write in place; false otherwise (use GatherState/ScatterState).
   bool HostState(float** exp_avg, float** exp_avg_sq);
