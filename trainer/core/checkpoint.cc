@@ -307,11 +307,9 @@ absl::Status LoadTrainingCheckpoint(const TrainArgs& args, const ckpt::ModelLayo
     if (weights == nullptr) param.resize(v.numel);
     float* w = weights != nullptr ? weights + v.offset : param.data();
     st = read_into(v, kind, w);
-    if (st.ok()) params.SetFromHost(v, w);
-    if (!load_optim || !st.ok()) {
-      if (!st.ok()) break;
-      continue;
-    }
+    if (!st.ok()) break;
+    params.SetFromHost(v, w);
+    if (!load_optim) continue;
     if (!host_state) {
       exp_avg.resize(v.numel);
       exp_avg_sq.resize(v.numel);
