@@ -29,6 +29,17 @@ ckpt::ModelConfig TinyConfig(bool tanh_gelu) {
   return c;
 }
 
+// Every tensor the bf16 model reads in fp32 (norms, embeddings) reads, through the store, exactly
+// the weights `want` holds at its offset (the whole fp32 weights in the flat order).
+void ExpectFp32ReadsEqual(ParamStore& params, const float* want) {
+  for (const ParamView& v : params.views()) {
+    if (!Bf16ModelReadsFp32(v.name)) continue;
+    const float* got = params.Param(v.name);
+    for (size_t j = 0; j < v.numel; ++j)
+      ASSERT_EQ(got[j], want[v.offset + j]) << v.name << " " << j;
+  }
+}
+
 TEST(OptimizerTest, NonFiniteGradientsSkipTheStepAndNormsAndDecayAreMegatrons) {
   const ckpt::ModelConfig config = TinyConfig(false);
   auto layout = ckpt::ModelLayout::Create(config, {1, 1, 1});
@@ -330,11 +341,9 @@ TEST(OptimizerTest, ShardedMasterWeightsMatchOneOptimizer) {
           ASSERT_EQ(*params.Master(i), want[i]) << rank << " " << i;
         }
       }
-      for (const ParamView& v : params.views()) {
-        if (v.mirror == ParamView::kNoMirror) continue;
-        const float* mirror = params.Param(v.name);
-        for (size_t j = 0; j < v.numel; ++j)
-          ASSERT_EQ(mirror[j], want[v.offset + j]) << "rank " << rank << " " << v.name << " " << j;
+      {
+        SCOPED_TRACE("rank " + std::to_string(rank));
+        ExpectFp32ReadsEqual(params, want);  // every such tensor is in the mirror
       }
       low[rank].assign(params.bf16_copy(), params.bf16_copy() + n);
       backend[rank] = params.backend_elements();
@@ -508,11 +517,10 @@ TEST(OptimizerTest, OffloadedStepMatchesTheBackendsBitForBit) {
     EXPECT_EQ(v.mirror != ParamView::kNoMirror, fp32) << v.name;
     if (!fp32) continue;
     mirrored += v.numel;
-    const float* mirror = host_params.Param(v.name);
-    ASSERT_NE(mirror, host_params.data() + v.offset) << v.name;  // a copy, not the weights
-    for (size_t j = 0; j < v.numel; ++j)
-      ASSERT_EQ(mirror[j], ref_params.data()[v.offset + j]) << v.name << " " << j;
+    // A copy, not the weights.
+    ASSERT_NE(host_params.Param(v.name), host_params.data() + v.offset) << v.name;
   }
+  ExpectFp32ReadsEqual(host_params, ref_params.data());
   EXPECT_EQ(host_params.backend_elements(), mirrored);
   EXPECT_GT(mirrored, 0u);
   EXPECT_LT(mirrored, n);
@@ -676,12 +684,7 @@ TEST(OptimizerTest, PartlyOffloadedStepMatchesTheBackendsBitForBit) {
   host.FinishHostStep();
   EXPECT_EQ(part.HostData(), ref_params.HostData());
   EXPECT_EQ(part_low, ref_low);
-  for (const ParamView& v : part.views()) {
-    if (!Bf16ModelReadsFp32(v.name)) continue;
-    const float* got = part.Param(v.name);
-    for (size_t j = 0; j < v.numel; ++j)
-      ASSERT_EQ(got[j], ref_params.data()[v.offset + j]) << v.name << " " << j;
-  }
+  ExpectFp32ReadsEqual(part, ref_params.data());
   float *pm = nullptr, *pv = nullptr;
   EXPECT_FALSE(host.HostState(&pm, &pv));  // in two places: through GatherState
   ExpectMomentsRoundTrip(host, ref, ops.get(), &part, &groups, oo);
