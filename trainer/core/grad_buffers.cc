@@ -1,18 +1,8 @@
 #include "trainer/core/grad_buffers.h"
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 
 namespace leantron::trainer {
-namespace {
-
-[[noreturn]] void Fail(const char* what, size_t flat) {
-  std::fprintf(stderr, "GradBuffers: %s (flat index %zu)\n", what, flat);
-  std::abort();
-}
-
-}  // namespace
 
 GradBuffers::GradBuffers(Ops* ops, size_t size) : ops_(ops), size_(size) {
   whole_ = ops_->Alloc(size_);
@@ -42,33 +32,23 @@ GradBuffers::GradBuffers(Ops* ops, size_t size, const std::vector<std::vector<Dp
 
 GradBuffers::~GradBuffers() { ops_->Free(sharded_ ? memory_ : whole_); }
 
-const GradBuffers::Bucket& GradBuffers::Containing(size_t flat) const {
-  // buckets_ follows the layout's places, one for one.
-  return buckets_[&layout_->Containing(flat) - layout_->places().data()];
-}
-
 const GradBuffers::Bucket* GradBuffers::Find(size_t offset) const {
-  if (!sharded_ || offset >= size_) return nullptr;
-  const Bucket& k = Containing(offset);
-  return k.bucket.offset == offset ? &k : nullptr;
+  if (!sharded_) return nullptr;
+  const SlotLayout::Place* p = layout_->Find(offset);
+  // buckets_ follows the layout's places, one for one.
+  return p != nullptr ? &buckets_[p - layout_->places().data()] : nullptr;
 }
 
 float* GradBuffers::At(size_t flat) const {
-  if (!sharded_) return whole_ + flat;
-  const Bucket& k = Containing(flat);
-  return k.at + (flat - k.bucket.offset);
+  return sharded_ ? memory_ + layout_->At(flat) : whole_ + flat;
 }
 
 float* GradBuffers::Reduced(size_t flat) const {
-  if (!sharded_) return whole_ + flat;
-  const Bucket& k = Containing(flat);
-  if (flat < k.part_begin || flat >= k.part_end)
-    Fail("a reduced gradient outside this rank's part of its bucket", flat);
-  return k.sum != nullptr ? k.sum + (flat - k.part_begin) : k.at + (flat - k.bucket.offset);
+  return sharded_ ? memory_ + layout_->Owned(flat) : whole_ + flat;
 }
 
 size_t GradBuffers::ReducedRunEnd(size_t flat) const {
-  return sharded_ ? Containing(flat).part_end : size_;
+  return sharded_ ? layout_->OwnedRunEnd(flat) : size_;
 }
 
 void GradBuffers::Zero() {

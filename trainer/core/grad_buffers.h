@@ -75,7 +75,6 @@ class GradBuffers {
   size_t backend_elements() const { return allocated_; }
 
  private:
-  const Bucket& Containing(size_t flat) const;
   Ops* ops_;
   std::unique_ptr<SlotLayout> layout_;  // sharded
   size_t size_;
