@@ -268,6 +268,10 @@ __global__ void __launch_bounds__(kNormThreads) NormBackwardCached(NormBwdArgs<T
     const int64_t off = r * cols;
     const float mu = kRms ? 0.0f : a.mean[r], rs = a.rstd[r];
     float xn[kIters][W], dy[kIters][W];
+    // The residual's gradient is loaded with the rest, not after the row's reduction, where the
+    // block would wait for it (up to two vectors per thread; more would spill).
+    constexpr int kEarly = kIters <= 2 ? kIters : 0;
+    float dr[kEarly > 0 ? kEarly : 1][W];
     float s[2] = {0.0f, 0.0f};  // Σ dnorm, Σ dnorm·norm
 #pragma unroll
     for (int i = 0; i < kIters; ++i) {
@@ -275,6 +279,7 @@ __global__ void __launch_bounds__(kNormThreads) NormBackwardCached(NormBwdArgs<T
       if (c < cols) {
         Load<W>(xn[i], a.x + off + c);
         Load<W>(dy[i], a.dout + off + c);
+        if (i < kEarly && a.dresidual != nullptr) Load<W>(dr[i], a.dresidual + off + c);
 #pragma unroll
         for (int j = 0; j < W; ++j) {
           xn[i][j] = (xn[i][j] - mu) * rs;
@@ -302,10 +307,10 @@ __global__ void __launch_bounds__(kNormThreads) NormBackwardCached(NormBwdArgs<T
 #pragma unroll
       for (int j = 0; j < W; ++j) g[j] = (wv[i][j] * dy[i][j] - m1 - xn[i][j] * m2) * rs;
       if (a.dresidual != nullptr) {
-        float dr[W];
-        Load<W>(dr, a.dresidual + off + c);
+        float late[W];
+        if (i >= kEarly) Load<W>(late, a.dresidual + off + c);
 #pragma unroll
-        for (int j = 0; j < W; ++j) g[j] += dr[j];
+        for (int j = 0; j < W; ++j) g[j] += i < kEarly ? dr[i][j] : late[j];
       }
       Store<W>(a.dx + off + c, g);
       if (a.dbranch != nullptr) {
