@@ -35,7 +35,7 @@ class OpProfile {
       for (const auto& [name, ms] : totals_) rows.push_back({ms, name});
       std::sort(rows.rbegin(), rows.rend());
       for (const auto& [ms, name] : rows) {
-        std::fprintf(stderr, "  %-30s %9.2f ms/step %6.1f%%\n", name.c_str(),
+        std::fprintf(stderr, "  %-34s %9.2f ms/step %6.1f%%\n", name.c_str(),
                      steps_ ? ms / steps_ : 0.0, total > 0 ? 100.0 * ms / total : 0.0);
       }
       double fp8 = 0, casts = 0, bf16 = 0;

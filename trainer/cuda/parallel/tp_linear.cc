@@ -9,14 +9,27 @@
 
 namespace leantron::trainer::cuda {
 
-const char* Fp8OpName(const char* op) {
+namespace {
+// prefix + op, kept for the life of the process (the profile keeps op names).
+const char* LastingName(std::string_view prefix, std::string_view op) {
   static std::mutex mu;
   // Nodes stay put, so c_str() stays valid; the lookup allocates only for a new name.
   static std::map<std::string, std::string, std::less<>> names;
+  std::string key(prefix);
+  key += op;
   std::lock_guard<std::mutex> lock(mu);
-  auto it = names.find(std::string_view(op));
-  if (it == names.end()) it = names.emplace(op, std::string("fp8 ") + op).first;
+  auto it = names.find(key);
+  if (it == names.end()) it = names.emplace(key, key).first;
   return it->second.c_str();
+}
+}  // namespace
+
+const char* Fp8OpName(const char* op) { return LastingName("fp8 ", op); }
+
+const char* Fp8CastName(const char* op) {
+  std::string_view name(op);
+  if (name.starts_with("matmul ")) name.remove_prefix(7);
+  return LastingName("fp8 cast ", name);
 }
 
 void ColumnParallelLinear::ForwardFp8(const char* op, bf16* in, bf16* out, bool gather,
@@ -29,7 +42,7 @@ void ColumnParallelLinear::ForwardFp8(const char* op, bf16* in, bf16* out, bool 
   }
   const int64_t rows = tp.rows().rows;
   Fp8Products& f = *ctx_.fp8;
-  prof.Begin("fp8 cast");
+  prof.Begin(Fp8CastName(op));
   f.PrepareWeight(fp8_);
   f.CastInput(fp8_, Fp8Source{in}, rows, k_, keep_t);
   prof.Begin(Fp8OpName(op));
@@ -47,7 +60,7 @@ void ColumnParallelLinear::ForwardCast(const char* op, bf16* out, uint8_t* keep_
     Die("ColumnParallelLinear", "a cast input needs an FP8 layer without SP", __FILE__, __LINE__);
   const int64_t rows = ctx_.tp->rows().rows;
   Fp8Products& f = *ctx_.fp8;
-  ctx_.prof->Begin("fp8 cast");
+  ctx_.prof->Begin(Fp8CastName(op));
   f.PrepareWeight(fp8_);
   f.TransposeInput(rows, k_, keep_t);
   ctx_.prof->Begin(Fp8OpName(op));
@@ -115,8 +128,9 @@ void ColumnParallelLinear::BackwardImpl(const char* op, const bf16* dout, const 
   OpProfile& prof = *ctx_.prof;
   Matmul& mm = *ctx_.mm;
   Fp8Products* f = fp8_.linear >= 0 ? ctx_.fp8 : nullptr;
+  const char* cast = f != nullptr ? Fp8CastName(op) : nullptr;
   if (f != nullptr) {
-    prof.Begin("fp8 cast");  // the bias gradient summed on the way
+    prof.Begin(cast);  // the bias gradient summed on the way
     f->CastGrad(fp8_, dout_fp8 != nullptr ? *dout_fp8 : Fp8Source{dout}, g.rows, n_, db_);
     op = Fp8OpName(op);
   }
@@ -124,7 +138,7 @@ void ColumnParallelLinear::BackwardImpl(const char* op, const bf16* dout, const 
   auto weight_grad = [&] {
     if (f == nullptr) return WeightGrad(ctx_, dw_, db_, dout, in, k_, n_);
     if (in_t == nullptr) {
-      prof.Begin("fp8 cast");
+      prof.Begin(cast);
       f->CastInputTransposed(fp8_, Fp8Source{in}, g.rows, k_);
       prof.Begin(op);
     }
@@ -176,7 +190,7 @@ RowParallelOutput RowParallelLinear::ForwardImpl(const char* op, const bf16* in,
   OpProfile& prof = *ctx_.prof;
   Fp8Products* f = fp8_.linear >= 0 ? ctx_.fp8 : nullptr;
   if (f != nullptr) {
-    prof.Begin("fp8 cast");
+    prof.Begin(Fp8CastName(op));
     f->PrepareWeight(fp8_);
     f->CastInput(fp8_, in_fp8 != nullptr ? *in_fp8 : Fp8Source{in}, g.rows, k_, keep_t);
     op = Fp8OpName(op);
@@ -235,7 +249,7 @@ void RowParallelLinear::BackwardFp8(const char* op, bf16* dout, const Fp8Source&
     prof.Begin("tensor-parallel communication");
     tp.GatherRows(dout);
   }
-  prof.Begin("fp8 cast");  // without SP the bias gradient summed on the way
+  prof.Begin(Fp8CastName(op));  // without SP the bias gradient summed on the way
   f.CastGrad(fp8_, Fp8Source{dout}, g.rows, n_, sp ? nullptr : db_);
   if (in_t == nullptr) f.CastInputTransposed(fp8_, in, g.rows, k_);
   prof.Begin(Fp8OpName(op));

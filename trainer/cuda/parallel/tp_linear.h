@@ -140,8 +140,11 @@ class RowParallelLinear {
   Fp8Weight fp8_;
 };
 
-// "fp8 " + op, a string that lives as long as the process (the profile keeps op names).
+// The profile's names of an FP8 layer's ops, strings that live as long as the process: "fp8 " +
+// op for its products, "fp8 cast " + op less its "matmul " for the casts that feed them (the
+// profile counts every "fp8 cast ..." as a cast).
 const char* Fp8OpName(const char* op);
+const char* Fp8CastName(const char* op);
 
 // dW += doutᵀ·in and db += Σ_rows dout over all rows (db may be null): the bias gradient from
 // cuBLASLt's epilogue when it has one for this shape, else a column-sum kernel.
