@@ -105,6 +105,26 @@ class Llama(nn.Module):
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+def profile_kernels(step, steps):
+    """GPU time per kernel over `steps` steps, per step, largest first, to stderr."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    def us(e):  # device_time_total from torch 2.4 on, cuda_time_total before
+        return getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+
+    rows = [(us(e) / 1000 / steps, e.count // steps, e.key)
+            for e in prof.key_averages() if us(e) > 0]
+    rows.sort(reverse=True)
+    total = sum(r[0] for r in rows)
+    print(f"GPU time by kernel over {steps} steps ({total:.1f} ms per step):", file=sys.stderr)
+    for ms, count, name in rows[:60]:
+        print(f"  {ms:8.2f} ms/step {100 * ms / total:5.1f}% x{count:<4d} {name[:110]}",
+              file=sys.stderr)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, required=True)
@@ -125,6 +145,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--profile", type=int, default=0,
+                    help="after the timed steps, this many more under torch.profiler: GPU time "
+                         "per kernel per step to stderr")
     a = ap.parse_args()
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -152,6 +175,8 @@ def main():
         loss = step()
     torch.cuda.synchronize()
     ms = (time.perf_counter() - t0) * 1000 / a.steps
+    if a.profile:
+        profile_kernels(step, a.profile)
     tokens = a.micro_batch * a.seq
     flops = flops_per_token(a.layers, a.hidden, a.seq, a.vocab, a.ffn, a.heads, a.kv_heads,
                             a.kv_channels or a.hidden // a.heads, swiglu=True) * tokens
