@@ -2,6 +2,8 @@
 optimizer, sharded gradients), as real separate processes over Gloo: training losses, validation losses
 and final weights of (TP, PP, DP) = (1, 1, 1) equal those of every implemented layout to float32
 tolerance, over 20 iterations with gradient accumulation and dropout on, on a real small dataset."""
+import re
+
 import numpy as np
 import pytest
 
@@ -148,6 +150,39 @@ def test_sharded_gradients_match_plain_data_parallel(strategy, micro_batches, da
         assert shards == sorted(p.relative_to(save) for p in save.rglob("*.safetensors"))
         for rel in shards:
             assert (save / rel).read_bytes() == (plain_save / rel).read_bytes(), rel
+
+
+def test_sharded_weights_take_turns_in_a_deep_pipeline(dataset, tmp_path):
+    """ZeRO-3 where each pipeline stage has four one-layer buckets taking turns in two slots, under
+    1F1B with four micro-batches (a stage's forwards and backwards of different micro-batches
+    interleave, so a slot's bucket is gathered again whenever the schedule returns to it): the
+    same losses and weights as plain PP2 x DP2, to the order of the sums."""
+    deep = ["--num-layers", "8", "--pipeline-model-parallel-size", "2",
+            "--global-batch-size", "16"]
+    runs = {}
+    for name, extra in {"plain": [], "zero3": ZERO3[:-1] + ["1000"]}.items():
+        save = tmp_path / name
+        proc = run_train(common(dataset, save) + deep + extra, nproc=4)
+        runs[name] = (parse_log(proc.stdout), read_ours(save)[1], proc.stdout)
+    (plain_train, plain_valid), plain_weights, _ = runs["plain"]
+    (train, valid), weights, out = runs["zero3"]
+    # Every rank: its stage's 4 layers in 4 buckets and 2 slots, gathered more often than the
+    # 4 x 2 passes' first use of each bucket would need.
+    for rank in range(4):
+        m = re.search(rf"\[Rank {rank}\] sharded weights \(optim_grads_params\): 4 layer buckets' "
+                      r"fp32 weights gathered into 2 slots before use, ([\d.]+) gathers per step",
+                      out)
+        assert m, out[-3000:]
+        assert float(m[1]) > 8
+    assert sorted(train) == sorted(plain_train)
+    for it, row in plain_train.items():
+        assert train[it][1] == pytest.approx(row[1], rel=1e-5), f"iteration {it}"
+    for it, loss in plain_valid.items():
+        assert valid[it] == pytest.approx(loss, rel=1e-5)
+    for kind in ("", "main_param.", "exp_avg.", "exp_avg_sq."):
+        for name, want in plain_weights[kind].items():
+            np.testing.assert_allclose(weights[kind][name], want, rtol=1e-4, atol=1e-6,
+                                       err_msg=f"{kind}{name}")
 
 
 @pytest.mark.parametrize("style", ["torchrun", "slurm"])

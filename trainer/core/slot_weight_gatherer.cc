@@ -1,7 +1,10 @@
 #include "trainer/core/slot_weight_gatherer.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+
+#include "absl/strings/str_format.h"
 
 namespace leantron::trainer {
 
@@ -17,6 +20,7 @@ SlotWeightGatherer::SlotWeightGatherer(Ops* ops, Communicator* dp, const ParamSt
 }
 
 void SlotWeightGatherer::StepBegins() {
+  ++steps_;
   if (params_->weights_version() == weights_seen_) return;
   for (const SlotLayout::Place*& h : held_) h = nullptr;
   // Stepped (not rewritten, which writes the whole buffers whole): every rank stepped its parts.
@@ -47,6 +51,16 @@ void SlotWeightGatherer::Ensure(int layer) {
     held_[k->slot] = k;
     ++gathers_;
   }
+}
+
+std::string SlotWeightGatherer::Report() const {
+  if (steps_ == 0 || layer_buckets_.empty()) return {};
+  const size_t slots = std::min<size_t>(SlotLayout::kSlots, layer_buckets_.size());
+  return absl::StrFormat(
+      "sharded weights (optim_grads_params): %zu layer buckets' fp32 weights gathered into %zu "
+      "slot%s before use, %.1f gathers per step",
+      layer_buckets_.size(), slots, slots > 1 ? "s" : "",
+      static_cast<double>(gathers_) / static_cast<double>(steps_));
 }
 
 }  // namespace leantron::trainer

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "trainer/core/model_events.h"
@@ -30,6 +31,8 @@ class SlotWeightGatherer final : public ModelEvents {
   // Gathers made (for tests: a pass over the layers needs each bucket once, the next pass in the
   // other direction reuses the last two).
   int64_t gathers() const { return gathers_; }
+  // The buckets, slots and gathers per step, for the rank's report.
+  std::string Report() const override;
 
  private:
   // The slot of the bucket holding chunk layer `layer` gets that bucket's weights.
@@ -41,7 +44,7 @@ class SlotWeightGatherer final : public ModelEvents {
   std::vector<const SlotLayout::Place*> layer_buckets_, whole_buckets_;
   const SlotLayout::Place* held_[SlotLayout::kSlots] = {};  // what each slot holds now
   uint64_t weights_seen_ = 0;
-  int64_t gathers_ = 0;
+  int64_t gathers_ = 0, steps_ = 0;
 };
 
 }  // namespace leantron::trainer
