@@ -4,32 +4,39 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "trainer/cuda/kernels/kernels.h"
 
 namespace leantron::trainer::cuda {
 
 namespace {
-// prefix + op, kept for the life of the process (the profile keeps op names).
-const char* LastingName(std::string_view prefix, std::string_view op) {
+using Names = std::map<std::string, std::string, std::less<>>;
+// names[op] = prefix + op, kept for the life of the process (the profile keeps op names). Nodes
+// stay put, so c_str() stays valid; the lookup allocates only for a new name.
+const char* LastingName(Names& names, std::string_view prefix, std::string_view op) {
   static std::mutex mu;
-  // Nodes stay put, so c_str() stays valid; the lookup allocates only for a new name.
-  static std::map<std::string, std::string, std::less<>> names;
-  std::string key(prefix);
-  key += op;
   std::lock_guard<std::mutex> lock(mu);
-  auto it = names.find(key);
-  if (it == names.end()) it = names.emplace(key, key).first;
+  auto it = names.find(op);
+  if (it == names.end()) {
+    std::string name(prefix);
+    name += op;
+    it = names.emplace(std::string(op), std::move(name)).first;
+  }
   return it->second.c_str();
 }
 }  // namespace
 
-const char* Fp8OpName(const char* op) { return LastingName("fp8 ", op); }
+const char* Fp8OpName(const char* op) {
+  static Names names;
+  return LastingName(names, "fp8 ", op);
+}
 
 const char* Fp8CastName(const char* op) {
+  static Names names;
   std::string_view name(op);
   if (name.starts_with("matmul ")) name.remove_prefix(7);
-  return LastingName("fp8 cast ", name);
+  return LastingName(names, "fp8 cast ", name);
 }
 
 void ColumnParallelLinear::ForwardFp8(const char* op, bf16* in, bf16* out, bool gather,
