@@ -112,6 +112,7 @@ def profile_kernels(step, steps):
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
+
     def us(e):  # device_time_total from torch 2.4 on, cuda_time_total before
         return getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
 
