@@ -60,25 +60,25 @@ LAYOUTS = {
                                 "--pipeline-model-parallel-size", "2", "--sequence-parallel",
                                 "--use-distributed-optimizer"]),
 }
+
+
+def sharded(strategy, bucket_size=20000):
+    """The distributed optimizer with --data-parallel-sharding-strategy `strategy`."""
+    return ["--use-distributed-optimizer", "--data-parallel-sharding-strategy", strategy,
+            "--ddp-bucket-size", str(bucket_size)]
+
+
 # ZeRO-2: the gradients sharded too, in buckets of layers [3, 2], [1] and [0] taking turns in two
 # slots (a chunk of one layer, interleaved: one slot), with the tied embedding summed over the
-# stages and SP's norms over TP.
-ZERO2 = ["--use-distributed-optimizer", "--data-parallel-sharding-strategy", "optim_grads",
-         "--ddp-bucket-size", "20000"]
-LAYOUTS["dp2_zero2"] = (2, ZERO2)
-LAYOUTS["dp2_pp2_interleaved_zero2"] = (4, LAYOUTS["dp2_pp2_interleaved"][1] + ZERO2)
-LAYOUTS["tp2_pp2_dp2_sp_zero2"] = (8, ["--tensor-model-parallel-size", "2",
-                                       "--pipeline-model-parallel-size", "2",
-                                       "--sequence-parallel"] + ZERO2)
-# ZeRO-3: the weights the model computes with sharded too, each layer bucket gathered into its
-# slot before the forward and the backward use it.
-ZERO3 = ["--use-distributed-optimizer", "--data-parallel-sharding-strategy", "optim_grads_params",
-         "--ddp-bucket-size", "20000"]
-LAYOUTS["dp2_zero3"] = (2, ZERO3)
-LAYOUTS["dp2_pp2_interleaved_zero3"] = (4, LAYOUTS["dp2_pp2_interleaved"][1] + ZERO3)
-LAYOUTS["tp2_pp2_dp2_sp_zero3"] = (8, ["--tensor-model-parallel-size", "2",
-                                       "--pipeline-model-parallel-size", "2",
-                                       "--sequence-parallel"] + ZERO3)
+# stages and SP's norms over TP. ZeRO-3: the weights the model computes with sharded too, each
+# layer bucket gathered into its slot before the forward and the backward use it.
+ZERO2, ZERO3 = sharded("optim_grads"), sharded("optim_grads_params")
+for name, flags in (("zero2", ZERO2), ("zero3", ZERO3)):
+    LAYOUTS[f"dp2_{name}"] = (2, flags)
+    LAYOUTS[f"dp2_pp2_interleaved_{name}"] = (4, LAYOUTS["dp2_pp2_interleaved"][1] + flags)
+    LAYOUTS[f"tp2_pp2_dp2_sp_{name}"] = (8, ["--tensor-model-parallel-size", "2",
+                                             "--pipeline-model-parallel-size", "2",
+                                             "--sequence-parallel"] + flags)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -160,8 +160,7 @@ def test_sharded_weights_take_turns_in_a_deep_pipeline(dataset, tmp_path):
     deep = ["--num-layers", "8", "--pipeline-model-parallel-size", "2",
             "--global-batch-size", "16"]
     runs = {}
-    one_layer_buckets = ["--use-distributed-optimizer", "--data-parallel-sharding-strategy",
-                         "optim_grads_params", "--ddp-bucket-size", "1000"]
+    one_layer_buckets = sharded("optim_grads_params", bucket_size=1000)
     for name, extra in {"plain": [], "zero3": one_layer_buckets}.items():
         save = tmp_path / name
         proc = run_train(common(dataset, save) + deep + extra, nproc=4)
