@@ -27,7 +27,7 @@ while (($#)); do
       if [[ ! -f "$q/english_text_document.idx" ]]; then
         mkdir -p "$q"
         export LEANTRON_VOCAB_DIR="${LEANTRON_VOCAB_DIR:-$ROOT/.cache/gpt2}"
-        bash "$ROOT/scripts/get_gpt2_vocab.sh" >/dev/null
+        LEANTRON_BIN="$BIN" bash "$ROOT/scripts/get_gpt2_vocab.sh" >/dev/null
         python3 "$ROOT/scripts/make_corpora.py" --out "$q.corpus" --megabytes 8 english >/dev/null
         "$BIN/preprocess_data" --input "$q.corpus/english.jsonl" \
           --output-prefix "$q/english" --tokenizer-type GPT2BPETokenizer \
