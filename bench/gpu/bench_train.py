@@ -74,13 +74,13 @@ def data_parallel(nproc, extra):
     return max(1, nproc // model)
 
 
-def run_ours(bin_dir, name, mb, iters, extra, nproc=1):
+def run_ours(bin_dir, name, mb, iters, extra, nproc=1, accumulate=1):
     """One run of train; with nproc > 1 (model-parallel flags in `extra`, the rest data parallel:
-    the global batch is one micro-batch per data-parallel rank) tokens/s, TFLOP/s and MFU are per
-    GPU, memory the logging rank's."""
+    the global batch is `accumulate` micro-batches per data-parallel rank) tokens/s, TFLOP/s and
+    MFU are per GPU, memory the logging rank's."""
     flags, seq, per_token = shape(name)
     launch = ["--nproc-per-node", str(nproc)] if nproc > 1 else []
-    gbs = mb * data_parallel(nproc, extra)
+    gbs = mb * data_parallel(nproc, extra) * accumulate
     cmd = [str(Path(bin_dir) / "train"), "--bf16"] + launch + [
            "--mock-data", "--tokenizer-type", "NullTokenizer"] + flags + [
            "--micro-batch-size", str(mb), "--global-batch-size", str(gbs), "--train-iters",
@@ -106,6 +106,7 @@ def run_ours(bin_dir, name, mb, iters, extra, nproc=1):
     tflops = per_token * tokens / ms_step / 1e9
     loss = re.findall(r"lm loss: ([\d.E+-]+)", proc.stdout)
     out = {"peer": "leantron train --bf16" + (f" ({nproc} GPUs)" if nproc > 1 else "") +
+           (f" (global batch {gbs})" if accumulate > 1 else "") +
            (" " + " ".join(extra) if extra else ""),
            "model": name, "micro_batch": mb, "ms_per_step": round(ms_step, 1),
            "tokens_per_s": round(tokens / ms_step * 1000), "tflops": round(tflops, 1),
@@ -177,15 +178,19 @@ def main():
     ap.add_argument("--extra", default="", help="extra flags for train (space-separated)")
     ap.add_argument("--nproc", type=int, default=1,
                     help="GPUs per run of ours (with TP/PP flags in --extra; the peer runs on one)")
+    ap.add_argument("--accumulate", type=int, default=1,
+                    help="micro-batches per step and data-parallel rank, for ours (the peer: one)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    if a.accumulate > 1 and a.peer != "none":
+        ap.error("--accumulate needs --peer none (the peer steps after every micro-batch)")
     lines = ["| run | model | micro-batch | ms/step | tok/s | TFLOP/s | MFU | peak memory |",
              "|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
     results = []
     for spec in a.runs.split(","):
         name, mb = spec.split(":")
-        ours = run_ours(a.bin, name, int(mb), a.iters, a.extra.split(), a.nproc)
+        ours = run_ours(a.bin, name, int(mb), a.iters, a.extra.split(), a.nproc, a.accumulate)
         results.append(ours)
         lines.append(row(ours))
         print(lines[-1], flush=True)
