@@ -138,6 +138,9 @@ TEST(ArgsTest, Fp8FlagsAreChecked) {
                       1)),
             "--num-layers-at-start-in-bf16 3 and --num-layers-at-end-in-bf16 2 must be "
             "non-negative and sum to at most --num-layers 4");
+  EXPECT_TRUE(Check({"--bf16", "--fp8-format", "hybrid", "--fp8-output-layer"}, 1).ok());
+  EXPECT_EQ(msg(Check({"--bf16", "--fp8-output-layer"}, 1)),
+            "--fp8-output-layer needs --fp8-format");
 }
 
 TEST(ArgsTest, ContextParallelAndTheLongContextCompanionsAreChecked) {

@@ -206,6 +206,8 @@ void AddTrainFlags(CLI::App& app, TrainArgs* a) {
                  "With --first-last-layers-bf16: layers at the start kept in bf16 (default 1)");
   app.add_option("--num-layers-at-end-in-bf16", a->num_layers_at_end_in_bf16,
                  "With --first-last-layers-bf16: layers at the end kept in bf16 (default 1)");
+  app.add_flag("--fp8-output-layer", a->fp8_output_layer,
+               "Under --fp8-format: the output layer's products in FP8 too (default bf16)");
   app.add_option("--normalization", a->normalization, "LayerNorm or RMSNorm");
   app.add_option("--position-embedding-type", a->position_embedding_type,
                  "learned_absolute or rope");
@@ -232,7 +234,10 @@ namespace {
 // --fp8-format and its companions.
 absl::Status ValidateFp8(const TrainArgs& a) {
   auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
-  if (a.fp8_format.empty()) return absl::OkStatus();
+  if (a.fp8_format.empty()) {
+    if (a.fp8_output_layer) return bad("--fp8-output-layer needs --fp8-format");
+    return absl::OkStatus();
+  }
   if (a.fp8_format != "e4m3" && a.fp8_format != "hybrid")
     return bad("--fp8-format must be e4m3 or hybrid, not ", a.fp8_format);
   if (a.fp8_recipe == "mxfp8" || a.fp8_recipe == "blockwise")

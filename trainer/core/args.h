@@ -117,6 +117,7 @@ struct TrainArgs {
   int fp8_amax_history_len = 1, fp8_margin = 0;
   bool first_last_layers_bf16 = false;
   int num_layers_at_start_in_bf16 = 1, num_layers_at_end_in_bf16 = 1;
+  bool fp8_output_layer = false;  // the output layer's products in FP8 too
   // Megatron flags this trainer knows but does not implement yet: parsed so the user gets a
   // sentence saying so instead of "unknown option".
   struct Unsupported {

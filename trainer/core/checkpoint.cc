@@ -45,7 +45,8 @@ std::string Fp8Signature(const TrainArgs& a, const ckpt::ParallelConfig& p) {
   return absl::StrCat("format ", a.fp8_format, ", recipe ", a.fp8_recipe, ", amax history ",
                       a.fp8_recipe == "delayed" ? a.fp8_amax_history_len : 1,
                       ", bf16 layers at the start ", ends ? a.num_layers_at_start_in_bf16 : 0,
-                      " and end ", ends ? a.num_layers_at_end_in_bf16 : 0, ", TP ", p.tp, ", PP ",
+                      " and end ", ends ? a.num_layers_at_end_in_bf16 : 0,
+                      a.fp8_output_layer ? ", output layer in FP8" : "", ", TP ", p.tp, ", PP ",
                       p.pp, ", VPP ", p.vpp);
 }
 

@@ -81,6 +81,7 @@ absl::Status BuildBf16Chunks(const TrainArgs& args, ProcessGroups& g,
       f.bf16_layers_start = args.num_layers_at_start_in_bf16;
       f.bf16_layers_end = args.num_layers_at_end_in_bf16;
     }
+    f.output_layer = args.fp8_output_layer;
     bo.fp8_amax_group = &g.data_parallel_with_cp();
   }
   for (int v = 0; v < args.virtual_pipeline_size(); ++v) {

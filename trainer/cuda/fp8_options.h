@@ -1,7 +1,7 @@
 // What Megatron's FP8 flags choose for the bf16 model (--fp8-format, --fp8-recipe,
 // --fp8-amax-history-len, --fp8-amax-compute-algo, --fp8-margin, --first-last-layers-bf16 with
-// --num-layers-at-start-in-bf16 / --num-layers-at-end-in-bf16). No CUDA types: the argument
-// parser fills it.
+// --num-layers-at-start-in-bf16 / --num-layers-at-end-in-bf16), and our --fp8-output-layer. No
+// CUDA types: the argument parser fills it.
 #pragma once
 
 namespace leantron::trainer::cuda {
@@ -18,6 +18,8 @@ struct Fp8Options {
   float margin = 0.0f;
   // Transformer layers kept in bf16 at each end of the model (global indices).
   int bf16_layers_start = 0, bf16_layers_end = 0;
+  // The output layer's products in FP8 too (--fp8-output-layer; Megatron keeps it in bf16).
+  bool output_layer = false;
 };
 
 }  // namespace leantron::trainer::cuda

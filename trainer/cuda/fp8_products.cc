@@ -1,5 +1,7 @@
 #include "trainer/cuda/fp8_products.h"
 
+#include <algorithm>
+
 #include "trainer/cuda/kernels/kernels.h"
 #include "trainer/dist/nccl_comm.h"
 
@@ -80,12 +82,13 @@ template void Fp8Scaling::Cast<bf16>(int, Kind, const bf16*, int64_t, int64_t, u
                                      bool) const;
 
 Fp8Products::Fp8Products(Fp8Scaling* scaling, int64_t rows, int64_t widest_in, int64_t widest_out,
-                         DeviceMemory* memory)
+                         DeviceMemory* memory, int64_t grad_elems)
     : scaling_(scaling), memory_(memory) {
   in_ = memory->Alloc<uint8_t>(rows * widest_in);
   in_t_ = memory->Alloc<uint8_t>(rows * widest_in);
-  grad_ = memory->Alloc<uint8_t>(rows * widest_out);
-  grad_t_ = memory->Alloc<uint8_t>(rows * widest_out);
+  grad_elems = std::max(grad_elems, rows * widest_out);
+  grad_ = memory->Alloc<uint8_t>(grad_elems);
+  grad_t_ = memory->Alloc<uint8_t>(grad_elems);
   bias_workspace_ = memory->Alloc<float>(Fp8BiasWorkspace(rows, widest_out));
 }
 

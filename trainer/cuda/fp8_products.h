@@ -95,11 +95,12 @@ struct Fp8Weight {
   float* scale_inv = nullptr;
 };
 
-// The FP8 products of one model chunk, with scratch sized for its widest layer.
+// The FP8 products of one model chunk, with scratch sized for its widest layer (and, for an FP8
+// output layer, for a chunk of its output gradient: at least `grad_elems` of each layout).
 class Fp8Products {
  public:
   Fp8Products(Fp8Scaling* scaling, int64_t rows, int64_t widest_in, int64_t widest_out,
-              DeviceMemory* memory);
+              DeviceMemory* memory, int64_t grad_elems = 0);
   Fp8Scaling& scaling() { return *scaling_; }
   // The FP8 copy [n, k] of a linear layer's bf16 weight w16, allocated where the scratch is.
   Fp8Weight NewWeight(const bf16* w16, int64_t n, int64_t k);

@@ -285,11 +285,19 @@ Bf16Model::Bf16Model(const ckpt::ModelLayout& layout, ParamStore* params,
   };
   int fp8_layers = 0;
   for (int i = first; i < last; ++i) fp8_layers += fp8_layer(i);
-  if (fp8_layers > 0) {
-    fp8_scaling_ = std::make_unique<Fp8Scaling>(opt_.fp8, 4 * fp8_layers, &memory_);
-    fp8_ =
-        std::make_unique<Fp8Products>(fp8_scaling_.get(), n, std::max({h, attn_width, act_width}),
-                                      std::max({h, qkv_width, ffn}), &memory_);
+  const bool fp8_head = last_stage_ && opt_.fp8.enabled && opt_.fp8.output_layer;
+  // The output layer's logits a chunk of rows at a time: up to 2 GiB of bf16 logits, in multiples
+  // of 16 rows for FP8 products (their weight gradient reduces over the rows).
+  int64_t chunk_rows = opt_.logits_chunk_rows > 0
+                           ? std::min<int64_t>(n, opt_.logits_chunk_rows)
+                           : std::clamp<int64_t>((int64_t{1} << 30) / vocab_l, 1, n);
+  if (fp8_head) chunk_rows = std::max<int64_t>(16, chunk_rows / 16 * 16);
+  if (fp8_layers > 0 || fp8_head) {
+    fp8_scaling_ =
+        std::make_unique<Fp8Scaling>(opt_.fp8, 4 * fp8_layers + (fp8_head ? 1 : 0), &memory_);
+    fp8_ = std::make_unique<Fp8Products>(
+        fp8_scaling_.get(), n, std::max({h, attn_width, act_width}), std::max({h, qkv_width, ffn}),
+        &memory_, fp8_head ? chunk_rows * vocab_l : 0);
     ctx_.linear.fp8 = fp8_.get();
   }
   const int recompute = std::min(opt_.model.recompute_layers, last - first);
@@ -307,12 +315,8 @@ Bf16Model::Bf16Model(const ckpt::ModelLayout& layout, ParamStore* params,
   if (last_stage_) {
     final_norm_ = std::make_unique<Norm>(ctx_, spec_.final_norm, h, stage_.lnf_w, stage_.lnf_b,
                                          stage_.d_lnf_w, stage_.d_lnf_b);
-    const int64_t chunk_rows = opt_.logits_chunk_rows > 0
-                                   ? std::min<int64_t>(n, opt_.logits_chunk_rows)
-                                   // up to 2 GiB of bf16 logits at a time
-                                   : std::clamp<int64_t>((int64_t{1} << 30) / vocab_l, 1, n);
-    head_ =
-        std::make_unique<OutputHead>(ctx_, h, vocab_l, chunk_rows, stage_.out_w, stage_.d_out_w);
+    head_ = std::make_unique<OutputHead>(ctx_, h, vocab_l, chunk_rows, stage_.out_w, stage_.d_out_w,
+                                         fp8_head);
   }
   LT_CUDA_CHECK(cudaStreamSynchronize(MainStream()));
 }
@@ -568,7 +572,9 @@ absl::Status Bf16Supported(const ckpt::ModelLayout& layout, const Bf16Options& o
         {"the query/key/value width per TP rank",
          (c.num_attention_heads + 2 * c.num_query_groups) * kv / p.tp},
         {"the MLP width per TP rank", c.ffn_hidden_size / p.tp},
-        {"micro-batch x sequence", options.model.micro_batch * options.model.seq_length}};
+        {"micro-batch x sequence", options.model.micro_batch * options.model.seq_length},
+        {"the vocabulary per TP rank (--fp8-output-layer)",
+         options.fp8.output_layer ? layout.padded_vocab_size() / p.tp : 16}};
     for (const auto& [what, v] : dims) {
       if (v % 16 != 0)
         return no("FP8 products (--fp8-format) need ", what, " to be a multiple of 16, not ", v);

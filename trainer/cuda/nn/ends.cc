@@ -57,7 +57,7 @@ void Embedding::Backward(const bf16* dx_all, const int32_t* tokens) const {
 }
 
 OutputHead::OutputHead(const ModuleContext& ctx, int64_t hidden, int64_t vocab_local,
-                       int64_t chunk_rows, const bf16* w, float* dw)
+                       int64_t chunk_rows, const bf16* w, float* dw, bool fp8)
     : ctx_(ctx),
       h_(hidden),
       vocab_l_(vocab_local),
@@ -66,6 +66,7 @@ OutputHead::OutputHead(const ModuleContext& ctx, int64_t hidden, int64_t vocab_l
       w_(w),
       dw_(dw) {
   DeviceMemory& m = *ctx.memory;
+  if (fp8) fp8_ = ctx.linear.fp8->NewWeight(w, vocab_l_, h_);
   logits_ = m.Alloc<bf16>(chunk_rows_ * vocab_l_);
   ce_part_ = m.Alloc<float>(3 * chunk_rows_);
   ce_max_ = m.Alloc<float>(chunk_rows_);
@@ -85,11 +86,24 @@ void OutputHead::Forward(const bf16* x, const int32_t* labels, float* losses, fl
   TensorParallel& tp = ctx_.tp();
   OpProfile& prof = ctx_.prof();
   Matmul& mm = *ctx_.linear.mm;
+  Fp8Products* fp8 = fp8_.linear >= 0 ? ctx_.linear.fp8 : nullptr;
   const bool grad = grad_scale != 0.0f;
+  if (fp8 != nullptr) {
+    prof.Begin("fp8 cast head weight");
+    fp8->PrepareWeight(fp8_);
+  }
   for (int64_t r0 = 0; r0 < n; r0 += chunk_rows_) {
     const int64_t rows = std::min(chunk_rows_, n - r0);
-    prof.Begin("matmul head fwd");
-    mm.Forward(logits_, x + r0 * h_, w_, nullptr, rows, h_, vocab_l_);
+    const bf16* xr = x + r0 * h_;
+    if (fp8 != nullptr) {
+      prof.Begin("fp8 cast head fwd");
+      fp8->CastInput(fp8_, Fp8Source{xr}, rows, h_);
+      prof.Begin("fp8 head fwd");
+      fp8->Forward(fp8_, logits_, nullptr, 0, rows, h_, vocab_l_);
+    } else {
+      prof.Begin("matmul head fwd");
+      mm.Forward(logits_, xr, w_, nullptr, rows, h_, vocab_l_);
+    }
     prof.Begin("cross-entropy");
     if (!tp.enabled()) {
       CrossEntropyForwardBackward<bf16>(losses + r0, logits_, labels + r0, rows, vocab_l_,
@@ -106,10 +120,21 @@ void OutputHead::Forward(const bf16* x, const int32_t* labels, float* losses, fl
       CrossEntropyShardFinish<bf16>(losses + r0, logits_, labels + r0, ce_max_, ce_sums_, rows,
                                     vocab_l_, vocab_begin_, grad_scale, MainStream());
     }
-    if (grad) {
+    if (grad && fp8 != nullptr) {
+      // The chunk's scales hold for all three products: tensorwise scaling measures the same
+      // input again for the transposed cast.
+      prof.Begin("fp8 cast head bwd");
+      fp8->CastGrad(fp8_, Fp8Source{logits_}, rows, vocab_l_);
+      prof.Begin("fp8 head bwd");
+      fp8->BackwardData(fp8_, dx_all + r0 * h_, 0, rows, h_, vocab_l_);
+      prof.Begin("fp8 cast head bwd");
+      fp8->CastInputTransposed(fp8_, Fp8Source{xr}, rows, h_);
+      prof.Begin("fp8 head bwd");
+      fp8->BackwardWeight(fp8_, dw_, rows, h_, vocab_l_);
+    } else if (grad) {
       prof.Begin("matmul head bwd");
       mm.BackwardData(dx_all + r0 * h_, logits_, w_, rows, h_, vocab_l_);
-      mm.BackwardWeight(dw_, logits_, x + r0 * h_, rows, h_, vocab_l_);
+      mm.BackwardWeight(dw_, logits_, xr, rows, h_, vocab_l_);
     }
   }
   if (grad) tp.ReduceRows(dx_all, dx);

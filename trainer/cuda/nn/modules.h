@@ -164,9 +164,12 @@ class Embedding {
 
 class OutputHead {
  public:
-  // `chunk_rows`: logits rows materialised at a time.
+  // `chunk_rows`: logits rows materialised at a time. With `fp8` the three products run in FP8
+  // (ctx.linear.fp8, whose gradient scratch holds chunk_rows · vocab_local), a chunk at a time:
+  // its input cast, its logits' gradient cast in both layouts, then the input cast again,
+  // transposed, for the weight gradient.
   OutputHead(const ModuleContext& ctx, int64_t hidden, int64_t vocab_local, int64_t chunk_rows,
-             const bf16* w, float* dw);
+             const bf16* w, float* dw, bool fp8 = false);
   ~OutputHead();
   // Logits of `x` (all rows of the final norm's output), per-row losses into `losses` (0 where
   // labels < 0) and the micro-batch's mean loss added to the step's sum on the device. With
@@ -183,6 +186,7 @@ class OutputHead {
   int64_t h_, vocab_l_, vocab_begin_, chunk_rows_;
   const bf16* w_;
   float* dw_;
+  Fp8Weight fp8_;  // linear < 0: bf16 products
   bf16* logits_;
   float *ce_part_, *ce_max_, *ce_sums_;
   double* loss_sum_ = nullptr;       // Σ micro-batch losses this step, on the device
