@@ -141,6 +141,9 @@ TEST(ArgsTest, Fp8FlagsAreChecked) {
   EXPECT_TRUE(Check({"--bf16", "--fp8-format", "hybrid", "--fp8-output-layer"}, 1).ok());
   EXPECT_EQ(msg(Check({"--bf16", "--fp8-output-layer"}, 1)),
             "--fp8-output-layer needs --fp8-format");
+  EXPECT_EQ(msg(Check({"--bf16", "--fp8-format", "e4m3", "--fp8-output-layer"}, 1)),
+            "--fp8-output-layer needs --fp8-format hybrid: the logits' gradient, spread over the "
+            "vocabulary by the softmax, needs E5M2's range");
 }
 
 TEST(ArgsTest, ContextParallelAndTheLongContextCompanionsAreChecked) {

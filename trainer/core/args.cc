@@ -240,6 +240,10 @@ absl::Status ValidateFp8(const TrainArgs& a) {
   }
   if (a.fp8_format != "e4m3" && a.fp8_format != "hybrid")
     return bad("--fp8-format must be e4m3 or hybrid, not ", a.fp8_format);
+  if (a.fp8_output_layer && a.fp8_format != "hybrid")
+    return bad(
+        "--fp8-output-layer needs --fp8-format hybrid: the logits' gradient, spread over the "
+        "vocabulary by the softmax, needs E5M2's range");
   if (a.fp8_recipe == "mxfp8" || a.fp8_recipe == "blockwise")
     return bad("--fp8-recipe ", a.fp8_recipe,
                " is not implemented (block scales); use delayed or tensorwise");

@@ -14,6 +14,7 @@ Fp8Scaling::Fp8Scaling(const Fp8Options& options, int linears, DeviceMemory* mem
   // The slots start at a multiple of 16 bytes (cudaMalloc's memory is 256-byte aligned).
   const int64_t slot_floats = (tensors * len_ + kSlot - 1) / kSlot * kSlot;
   slots_ = histories_ + slot_floats;
+  measured_ = memory->Alloc<float>(1);
   // Scales start at 1, as TransformerEngine's do (the first delayed step casts unscaled).
   std::vector<float> slots(tensors * kSlot, 0.0f);
   for (int64_t t = 0; t < tensors; ++t) slots[t * kSlot] = slots[t * kSlot + 1] = 1.0f;
@@ -38,24 +39,27 @@ void Fp8Scaling::Cast(int linear, Kind k, const T* x, int64_t rows, int64_t cols
     ComputeFp8Scale(Scale(t), ScaleInv(t), amax, format(k), opt_.margin, MainStream());
     record = false;
   }
+  recorded_ = recorded_ || record;
   CastToFp8<T>(out, out_t, record ? amax : nullptr, x, rows, cols, Scale(t), format(k),
                MainStream());
 }
 
 void Fp8Scaling::Cast(int linear, Kind k, const Fp8Source& src, int64_t rows, int64_t cols,
-                      uint8_t* out, uint8_t* out_t, bool record, float* dbias,
-                      float* workspace) const {
-  if (src.act == Fp8Activation::kNone && dbias == nullptr)
+                      uint8_t* out, uint8_t* out_t, bool record, float* dbias, float* workspace,
+                      bool measure) const {
+  if (src.act == Fp8Activation::kNone && dbias == nullptr && (!measure || !opt_.delayed))
     return Cast<bf16>(linear, k, src.x, rows, cols, out, out_t, record);
   const int64_t t = Index(linear, k);
   float* amax = histories_ + t * len_;
-  if (!opt_.delayed) {  // the amax of the values first, computed the same way
-    LT_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), MainStream()));
-    CastSourceToFp8(nullptr, nullptr, amax, src, rows, cols, Scale(t), format(k), nullptr, nullptr,
+  if (!opt_.delayed || measure) {  // the amax of the values first, computed the same way
+    float* m = opt_.delayed ? measured_ : amax;
+    LT_CUDA_CHECK(cudaMemsetAsync(m, 0, sizeof(float), MainStream()));
+    CastSourceToFp8(nullptr, nullptr, m, src, rows, cols, Scale(t), format(k), nullptr, nullptr,
                     MainStream());
-    ComputeFp8Scale(Scale(t), ScaleInv(t), amax, format(k), opt_.margin, MainStream());
-    record = false;
+    ComputeFp8Scale(Scale(t), ScaleInv(t), m, format(k), opt_.margin, MainStream());
+    record = record && opt_.delayed;
   }
+  recorded_ = recorded_ || record;
   CastSourceToFp8(out, out_t, record ? amax : nullptr, src, rows, cols, Scale(t), format(k), dbias,
                   workspace, MainStream());
 }
@@ -69,6 +73,7 @@ void Fp8Scaling::ReduceHistories(NcclCommunicator* amax_group) {
 void Fp8Scaling::NewWeights(NcclCommunicator* amax_group) {
   ++epoch_;
   if (!opt_.delayed) return;
+  fresh_ = fresh_ && !recorded_;  // the scales now come from recorded amaxes
   ReduceHistories(amax_group);
   // Inputs and weights in E4M3; gradients in E5M2 under the hybrid format.
   UpdateFp8DelayedScales(histories_, 2 * linears_, len_, opt_.amax_most_recent, Scale(0),
@@ -176,9 +181,9 @@ void Fp8Products::Forward(const Fp8Weight& w, bf16* out, const bf16* bias, int64
 }
 
 void Fp8Products::CastGrad(const Fp8Weight& w, const Fp8Source& dout, int64_t rows, int64_t n,
-                           float* dbias) {
+                           float* dbias, bool measure_when_fresh) {
   scaling_->Cast(w.linear, Fp8Scaling::kGrad, dout, rows, n, grad_, grad_t_, /*record=*/true, dbias,
-                 bias_workspace_);
+                 bias_workspace_, measure_when_fresh && scaling_->fresh());
 }
 
 void Fp8Products::BackwardData(const Fp8Weight& w, bf16* din, int64_t r0, int64_t rows, int64_t k,

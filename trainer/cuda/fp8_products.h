@@ -56,8 +56,16 @@ class Fp8Scaling {
             uint8_t* out_t, bool record) const;
   // The same of a source's values (an MLP activation or its gradient computed on the way), with
   // `dbias` += their column sums when given (`workspace`: Fp8BiasWorkspace(rows, cols) floats).
+  // `measure`: the scale from this tensor's own amax, measured first, under delayed scaling too
+  // (its amax still recorded in the history).
   void Cast(int linear, Kind k, const Fp8Source& src, int64_t rows, int64_t cols, uint8_t* out,
-            uint8_t* out_t, bool record, float* dbias = nullptr, float* workspace = nullptr) const;
+            uint8_t* out_t, bool record, float* dbias = nullptr, float* workspace = nullptr,
+            bool measure = false) const;
+  // Delayed scaling before the first scales come from recorded amaxes (a new run, or one whose
+  // checkpoint had no FP8 state of this layout): every scale is still 1.
+  bool fresh() const { return opt_.delayed && fresh_; }
+  // The state was loaded (SetFp8State): the scales are the saved ones.
+  void Restored() { fresh_ = false; }
   // For new weights (before the optimizer step that makes them, or after initialisation or a
   // load): delayed scaling reduces the histories over `amax_group` (null: none), rolls them and
   // recomputes the scales. The weights' FP8 copies are cast again at their next use (unless the
@@ -84,7 +92,10 @@ class Fp8Scaling {
   int linears_, len_, added_ = 0;
   float* histories_;  // [3·linears·len]
   float* slots_;      // [3·linears·kSlot], 16-byte aligned
+  float* measured_;   // a measured cast's amax under delayed scaling
   uint64_t epoch_ = 0;
+  bool fresh_ = true;
+  mutable bool recorded_ = false;  // a cast recorded its amax since the scales were last set
 };
 
 // One linear layer's FP8 weight: W [N, K] and Wᵀ [K, N], and the inverse scale they were cast with
@@ -139,9 +150,11 @@ class Fp8Products {
   void Forward(const Fp8Weight& w, bf16* out, const bf16* bias, int64_t r0, int64_t rows, int64_t k,
                int64_t n);
   // The backward's output gradient, all `rows` rows, cast for BackwardData and BackwardWeight;
-  // with `dbias`, += its column sums.
+  // with `dbias`, += its column sums. `measure_when_fresh`: while the scaling state is fresh,
+  // with a scale from its own amax (the output layer's: a unit scale would flush the small
+  // probabilities' gradients and leave only the labels').
   void CastGrad(const Fp8Weight& w, const Fp8Source& dout, int64_t rows, int64_t n,
-                float* dbias = nullptr);
+                float* dbias = nullptr, bool measure_when_fresh = false);
   // din (rows [r0, r0 + rows)) = (+=) the cast gradient's rows · W.
   void BackwardData(const Fp8Weight& w, bf16* din, int64_t r0, int64_t rows, int64_t k, int64_t n,
                     bool accumulate = false);

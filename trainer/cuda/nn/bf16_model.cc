@@ -95,6 +95,7 @@ class Bf16Model final : public StageModel, public StepCopies {
                                   cudaMemcpyHostToDevice, MainStream()));
     LT_CUDA_CHECK(cudaStreamSynchronize(MainStream()));
     if (state.back() == 1.0f) fp8_version_ = params_->weights_version();
+    fp8_scaling_->Restored();
     fp8_scaling_->CopiesStale();  // the weights were loaded: cast them again
   }
 

@@ -124,7 +124,8 @@ void OutputHead::Forward(const bf16* x, const int32_t* labels, float* losses, fl
       // The chunk's scales hold for all three products: tensorwise scaling measures the same
       // input again for the transposed cast.
       prof.Begin("fp8 cast head bwd");
-      fp8->CastGrad(fp8_, Fp8Source{logits_}, rows, vocab_l_);
+      fp8->CastGrad(fp8_, Fp8Source{logits_}, rows, vocab_l_, nullptr,
+                    /*measure_when_fresh=*/true);
       prof.Begin("fp8 head bwd");
       fp8->BackwardData(fp8_, dx_all + r0 * h_, 0, rows, h_, vocab_l_);
       prof.Begin("fp8 cast head bwd");
